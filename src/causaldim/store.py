@@ -1,0 +1,155 @@
+"""The activation-and-gradient store: per-token rows in safetensors shards plus a manifest.
+
+Per split, each shard holds whole sequences, flattened to tokens:
+  h        [n, d]  residual stream at the output of block L
+  g        [n, d]  dLoss/dh (eval split only), loss = next-token CE summed over positions
+  token    [n]     token id at that position
+  pos      [n]     position in its sequence
+  seq      [n]     sequence index within the split
+  outlier  [n]     position 0, or ||h|| above the manifest's threshold; left out downstream
+The manifest is written last: a folder without one is an unfinished store.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save as save_safetensors
+
+from .errors import UsageError
+from .fileio import atomic_write_bytes, sha256_file
+
+FORMAT = "causaldim-store/1"
+MANIFEST = "manifest.json"
+FLOAT_FIELDS = ("h", "g")
+_FP16_MAX = 60_000.0
+
+
+class StoreError(RuntimeError):
+    """A store on disk is missing, unfinished or damaged."""
+
+
+class ShardWriter:
+    """Buffers rows and writes a shard each time shard_tokens rows have gathered."""
+
+    def __init__(self, root: Path, split: str, store_dtype: str, shard_tokens: int):
+        self.root, self.split, self.shard_tokens = Path(root), split, shard_tokens
+        self.dtype = getattr(torch, store_dtype)
+        self.shards: list[dict] = []
+        self._buffer: dict[str, list[torch.Tensor]] = {}
+        self._buffered = 0
+
+    def add(self, **columns: torch.Tensor) -> None:
+        for name, col in columns.items():
+            self._buffer.setdefault(name, []).append(col.detach().cpu())
+        self._buffered += len(next(iter(columns.values())))
+        if self._buffered >= self.shard_tokens:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._buffered:
+            return
+        tensors, metadata = {}, {}
+        for name, parts in self._buffer.items():
+            col = torch.cat(parts)
+            if name in FLOAT_FIELDS:
+                col, scale = self._encode(col.float())
+                metadata[f"scale.{name}"] = repr(scale)
+            tensors[name] = col.contiguous()
+        name = f"{self.split}-{len(self.shards):05d}.safetensors"
+        digest = atomic_write_bytes(self.root / name, save_safetensors(tensors, metadata))
+        self.shards.append({"file": name, "n_tokens": self._buffered, "sha256": digest})
+        self._buffer, self._buffered = {}, 0
+
+    def _encode(self, x: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """float16 needs a scale to hold small gradients; others are stored as they are."""
+        if self.dtype != torch.float16:
+            return x.to(self.dtype), 1.0
+        peak = float(x.abs().max()) if x.numel() else 0.0
+        scale = 2.0 ** int(torch.tensor(_FP16_MAX / peak).log2().floor()) if peak > 0 else 1.0
+        return (x * scale).to(torch.float16), scale
+
+
+class Store:
+    """Read access to a finished store."""
+
+    def __init__(self, root: Path | str):
+        self.root = Path(root)
+        path = self.root / MANIFEST
+        if not path.is_file():
+            raise StoreError(f"{self.root} holds no finished store (no {MANIFEST})")
+        try:
+            self.manifest = json.loads(path.read_text())
+        except ValueError as exc:
+            raise StoreError(f"{path} is not valid JSON: {exc}") from None
+        if self.manifest.get("format") != FORMAT:
+            raise StoreError(f"{path} is not a {FORMAT} manifest")
+
+    @property
+    def d_model(self) -> int:
+        return int(self.manifest["model"]["d_model"])
+
+    def n_tokens(self, split: str, drop_outliers: bool = False) -> int:
+        info = self.manifest["splits"][split]
+        return info["n_tokens"] - (info["n_outliers"] if drop_outliers else 0)
+
+    def verify(self) -> None:
+        """Check every shard's presence and sha256 against the manifest."""
+        for split, info in self.manifest["splits"].items():
+            for shard in info["shards"]:
+                path = self.root / shard["file"]
+                if not path.is_file():
+                    raise StoreError(f"store {self.root}: {split} shard {shard['file']} is missing")
+                if sha256_file(path) != shard["sha256"]:
+                    raise StoreError(
+                        f"store {self.root}: {split} shard {shard['file']} does not match its "
+                        "hash (damaged or changed)"
+                    )
+
+    def shards(self, split: str, fields: tuple[str, ...]) -> Iterator[dict[str, torch.Tensor]]:
+        """Whole shards, one at a time; float fields come back as float32, unscaled."""
+        if split not in self.manifest["splits"]:
+            raise UsageError(f"the store has no {split!r} split")
+        for shard in self.manifest["splits"][split]["shards"]:
+            with safe_open(self.root / shard["file"], framework="pt") as f:
+                meta = f.metadata() or {}
+                missing = set(fields) - set(f.keys())
+                if missing:
+                    raise StoreError(f"{shard['file']} has no field(s) {sorted(missing)}")
+                out = {}
+                for name in fields:
+                    col = f.get_tensor(name)
+                    if name in FLOAT_FIELDS:
+                        col = col.float() / float(meta.get(f"scale.{name}", "1.0"))
+                    out[name] = col
+            yield out
+
+    def batches(
+        self,
+        split: str,
+        fields: tuple[str, ...] = ("h", "g"),
+        batch_tokens: int = 4096,
+        drop_outliers: bool = True,
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        """Streams tokens in order, batch_tokens at a time (the last batch may be short)."""
+        read = tuple(dict.fromkeys((*fields, "outlier") if drop_outliers else fields))
+        pending: dict[str, list[torch.Tensor]] = {name: [] for name in fields}
+        count = 0
+        for shard in self.shards(split, read):
+            if drop_outliers:
+                keep = ~shard["outlier"]
+                shard = {name: shard[name][keep] for name in fields}
+            for name in fields:
+                pending[name].append(shard[name])
+            count += len(shard[fields[0]])
+            while count >= batch_tokens:
+                merged = {name: torch.cat(parts) for name, parts in pending.items()}
+                yield {name: col[:batch_tokens] for name, col in merged.items()}
+                pending = {name: [col[batch_tokens:]] for name, col in merged.items()}
+                count -= batch_tokens
+        if count:
+            yield {name: torch.cat(parts) for name, parts in pending.items()}
