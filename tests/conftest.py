@@ -1,0 +1,161 @@
+"""Shared fixtures: offline hub, a private cache, seeding, tiny random-init models."""
+
+from __future__ import annotations
+
+import os
+import random
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # tests never download
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+WORDS = [
+    "the",
+    "model",
+    "reads",
+    "a",
+    "token",
+    "and",
+    "writes",
+    "a",
+    "vector",
+    "into",
+    "the",
+    "residual",
+    "stream",
+    "while",
+    "each",
+    "layer",
+    "adds",
+    "its",
+    "update",
+    "so",
+    "that",
+    "later",
+    "layers",
+    "can",
+    "find",
+    "what",
+    "earlier",
+    "ones",
+    "wrote",
+    "and",
+    "the",
+    "output",
+    "depends",
+    "on",
+    "few",
+    "of",
+    "the",
+    "many",
+    "directions",
+    "that",
+    "the",
+    "stream",
+    "holds",
+]
+
+
+@pytest.fixture(autouse=True)
+def seeded():
+    """Every test starts from the same random state."""
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def private_cache(tmp_path_factory):
+    os.environ["CAUSALDIM_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+
+
+def make_text(n_words: int, seed: int = 0) -> str:
+    rng = random.Random(seed)
+    words = [rng.choice(WORDS) for _ in range(n_words)]
+    for i in range(12, n_words, 13):
+        words[i] += "."
+    return " ".join(words)
+
+
+@pytest.fixture(scope="session")
+def text_corpus(tmp_path_factory):
+    """A .txt corpus of about 12k words."""
+    path = tmp_path_factory.mktemp("corpus") / "text.txt"
+    path.write_text(make_text(12_000))
+    return path
+
+
+def _tokenizer(folder):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator([make_text(2000, seed) for seed in range(5)], trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+    fast.save_pretrained(folder)
+    return fast
+
+
+def tiny_config(family: str, n_layers: int = 4, d: int = 32, context: int = 256):
+    import transformers as tf
+
+    common = dict(vocab_size=320, bos_token_id=0, eos_token_id=0)
+    llama_like = dict(
+        num_hidden_layers=n_layers,
+        hidden_size=d,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=2 * d,
+        max_position_embeddings=context,
+        **common,
+    )
+    if family == "llama":
+        return tf.LlamaConfig(**llama_like)
+    if family == "qwen2":
+        return tf.Qwen2Config(**llama_like)
+    if family == "gemma2":
+        return tf.Gemma2Config(head_dim=d // 4, **llama_like)
+    if family == "phi":  # a family causaldim does not know
+        return tf.PhiConfig(**{k: v for k, v in llama_like.items() if k != "num_key_value_heads"})
+    if family == "gpt2":
+        return tf.GPT2Config(n_layer=n_layers, n_embd=d, n_head=4, n_positions=context, **common)
+    if family == "gpt_neox":
+        return tf.GPTNeoXConfig(
+            num_hidden_layers=n_layers,
+            hidden_size=d,
+            num_attention_heads=4,
+            intermediate_size=2 * d,
+            max_position_embeddings=context,
+            **common,
+        )
+    raise ValueError(family)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """Factory: a saved tiny random-init model folder (with a tokenizer) per family."""
+    made: dict[str, str] = {}
+
+    def build(family: str = "llama") -> str:
+        if family not in made:
+            from transformers import AutoModelForCausalLM
+
+            folder = tmp_path_factory.mktemp(f"tiny-{family}")
+            torch.manual_seed(0)
+            model = AutoModelForCausalLM.from_config(tiny_config(family))
+            model.save_pretrained(folder)
+            _tokenizer(folder)
+            made[family] = str(folder)
+        return made[family]
+
+    return build

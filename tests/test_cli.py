@@ -1,0 +1,155 @@
+"""Bad input: one line naming the fix, exit code 2, nothing written, before model work."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from causaldim import cli, models
+from causaldim import harvest as harvest_mod
+
+
+def snapshot(root):
+    return sorted(
+        (os.path.relpath(os.path.join(d, f), root), os.path.getmtime(os.path.join(d, f)))
+        for d, _, files in os.walk(root)
+        for f in files
+    )
+
+
+@pytest.fixture
+def no_model_work(monkeypatch):
+    """Loading weights during a bad-input test is a failure in itself."""
+
+    def forbidden(*a, **k):
+        raise AssertionError("weights were loaded before the input was checked")
+
+    monkeypatch.setattr(harvest_mod, "load_model", forbidden)
+    monkeypatch.setattr(models, "load_model", forbidden)
+
+
+def cases(tmp_path, tiny_model, text_corpus):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("   \n")
+    bad_jsonl = tmp_path / "bad.jsonl"
+    bad_jsonl.write_text('{"body": "no text field here"}\n')
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    llama = tiny_model("llama")
+    base = ["--model", llama, "--corpus", str(text_corpus), "--tokens", "1024", "--seq-len", "32"]
+    return {
+        "unknown model": (["--model", "no-such-org/no-such-model"], "unknown model"),
+        "missing model path": (["--model", "./nowhere/model"], "neither a model folder"),
+        "missing gguf": (["--model", str(tmp_path / "x.gguf")], "does not exist"),
+        "layer out of range": ([*base, "--layer", "4"], "out of range"),
+        "negative layer": ([*base, "--layer", "-1"], "--layer must be >= 0"),
+        "missing corpus": ([*base, "--corpus", str(tmp_path / "nope.txt")], "does not exist"),
+        "empty corpus": ([*base, "--corpus", str(empty)], "is empty"),
+        "jsonl without field": ([*base, "--corpus", str(bad_jsonl)], "--text-field"),
+        "seq_len above context": ([*base, "--seq-len", "4096"], "exceeds the context"),
+        "corpus too small": (
+            [*base, "--seq-len", "250", "--corpus", str(bad_jsonl), "--text-field", "body"],
+            "at least 2 are needed",
+        ),
+        "zero tokens": ([*base, "--tokens", "0"], "--tokens must be positive"),
+        "eval fraction": ([*base, "--eval-fraction", "1.5"], "--eval-fraction"),
+        "outlier factor": ([*base, "--outlier-factor", "0.5"], "--outlier-factor"),
+        "out is a file": ([*base, "--out", str(a_file)], "is a file"),
+        "unknown family": (
+            ["--model", tiny_model("phi"), "--corpus", str(text_corpus)],
+            "--layers-path",
+        ),
+        "bad layers path": ([*base, "--layers-path", "model.blocks"], "has no attribute"),
+    }
+
+
+CASE_NAMES = [
+    "unknown model",
+    "missing model path",
+    "missing gguf",
+    "layer out of range",
+    "negative layer",
+    "missing corpus",
+    "empty corpus",
+    "jsonl without field",
+    "seq_len above context",
+    "corpus too small",
+    "zero tokens",
+    "eval fraction",
+    "outlier factor",
+    "out is a file",
+    "unknown family",
+    "bad layers path",
+]
+
+
+@pytest.mark.parametrize("command", ["harvest", "run"])
+@pytest.mark.parametrize("case", CASE_NAMES)
+def test_bad_input(tmp_path, tiny_model, text_corpus, capsys, no_model_work, case, command):
+    args, message = cases(tmp_path, tiny_model, text_corpus)[case]
+    out = tmp_path / "out"
+    if "--out" not in args:
+        args = [*args, "--out", str(out)]
+    before = snapshot(tmp_path)
+    capsys.readouterr()  # drop what building the fixtures printed
+    assert cli.main(["--quiet", command, *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err
+    assert len(err.splitlines()) == 1 and err.startswith("causaldim: error: ")
+    assert snapshot(tmp_path) == before  # nothing written or overwritten
+    assert not out.exists()
+
+
+def test_output_folder_of_another_model_is_refused(tmp_path, tiny_model, text_corpus, capsys):
+    common = [
+        "--corpus",
+        str(text_corpus),
+        "--tokens",
+        "512",
+        "--seq-len",
+        "32",
+        "--out",
+        str(tmp_path / "out"),
+    ]
+    assert cli.main(["--quiet", "harvest", "--model", tiny_model("llama"), *common]) == 0
+    gpt2 = tiny_model("gpt2")
+    before = snapshot(tmp_path)
+    assert cli.main(["--quiet", "harvest", "--model", gpt2, *common]) == 2
+    assert "holds a store of another model" in capsys.readouterr().err
+    assert snapshot(tmp_path) == before
+
+
+def test_run_writes_results_and_reuses_the_store(tmp_path, tiny_model, text_corpus, capsys):
+    args = [
+        "--quiet",
+        "run",
+        "--model",
+        tiny_model("gpt_neox"),
+        "--corpus",
+        str(text_corpus),
+        "--tokens",
+        "1024",
+        "--seq-len",
+        "32",
+        "--out",
+        str(tmp_path / "out"),
+    ]
+    assert cli.main(args) == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["store"]["reused"] is False
+    assert results["store"]["tokens"] == {"eval": 256, "train": 768}
+    assert results["config"]["seq_len"] == 32
+    assert cli.main(args) == 0
+    assert "reused store" in capsys.readouterr().out
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["store"]["reused"]
+
+
+def test_help_explains_every_flag(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["harvest", "--help"])
+    text = capsys.readouterr().out
+    for flag in ("--model", "--layer", "--corpus", "--tokens", "--seq-len", "--out", "--dtype"):
+        assert flag in text
+    assert "Layer L whose output residual stream" in text

