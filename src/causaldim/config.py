@@ -48,6 +48,14 @@ class HarvestConfig:
     )
     seq_len: int = _opt(128, "Tokens per sequence.")
     batch_size: int = _opt(8, "Sequences per model batch.")
+    logit_probes: int = _opt(
+        1,
+        "Gaussian probes per eval position for Sigma_logits (each costs one backward from "
+        "the logits down to L; 0: none).",
+    )
+    fisher_probes: int = _opt(
+        1, "Probes per eval position for Sigma_fisher, y drawn from the model (0: none)."
+    )
     dtype: str = _opt("float32", "Model compute dtype.", choices=COMPUTE_DTYPES)
     store_dtype: str = _opt(
         "float32",
@@ -74,6 +82,9 @@ class HarvestConfig:
                 raise UsageError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
         if self.seq_len < 2:
             raise UsageError("--seq-len must be at least 2 (a next token is needed for the loss)")
+        for name in ("logit_probes", "fisher_probes"):
+            if getattr(self, name) < 0:
+                raise UsageError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
         if self.layer is not None and self.layer < 0:
             raise UsageError(f"--layer must be >= 0, got {self.layer}")
         if not 0.0 < self.eval_fraction < 1.0:

@@ -76,20 +76,68 @@ def residuals(lm: LoadedModel, layer: int, ids: torch.Tensor) -> torch.Tensor:
 class Gradients(NamedTuple):
     h: torch.Tensor  # [B, T, d]
     g: torch.Tensor  # [B, T, d], d(summed next-token loss)/dh
+    u_logits: torch.Tensor | None  # [B, T, K, d], J^T v with v ~ N(0, I) at every position
+    u_fisher: torch.Tensor | None  # [B, T, K, d], J^T (onehot(y) - p), y ~ softmax
     loss_sum: float
     n_predictions: int
 
 
-def residuals_and_grads(lm: LoadedModel, layer: int, ids: torch.Tensor) -> Gradients:
+def residuals_and_grads(
+    lm: LoadedModel,
+    layer: int,
+    ids: torch.Tensor,
+    logit_probes: int = 0,
+    fisher_probes: int = 0,
+    generator: torch.Generator | None = None,
+) -> Gradients:
     """h and g = dLoss/dh at block `layer`, Loss = next-token cross-entropy summed over
-    all positions; one forward and a backward from the loss down to L only."""
+    all positions; one forward and a backward from the loss down to L only. Each probe
+    adds one more backward from the logits down to L (the forward is shared)."""
     with torch.enable_grad(), _tap(lm.layers[layer], "leaf") as captured:
         logits = lm.model(input_ids=ids, use_cache=False).logits
         loss = F.cross_entropy(
             logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten(), reduction="sum"
         )
-        (g,) = torch.autograd.grad(loss, captured[0])
-    return Gradients(captured[0].detach(), g, loss.item(), ids[:, 1:].numel())
+        h = captured[0]
+        backwards_left = logit_probes + fisher_probes
+        (g,) = torch.autograd.grad(loss, h, retain_graph=backwards_left > 0)
+
+        def pull_back(probes: list[torch.Tensor]) -> torch.Tensor | None:
+            nonlocal backwards_left
+            out = []
+            for v in probes:
+                backwards_left -= 1
+                (u,) = torch.autograd.grad(logits, h, v, retain_graph=backwards_left > 0)
+                out.append(u)
+            return torch.stack(out, dim=2) if out else None
+
+        u_logits = pull_back(gaussian_probes(logits, logit_probes, generator))
+        u_fisher = pull_back(fisher_probes_for(logits, fisher_probes, generator))
+    return Gradients(h.detach(), g, u_logits, u_fisher, loss.item(), ids[:, 1:].numel())
+
+
+def gaussian_probes(logits: torch.Tensor, k: int, generator=None) -> list[torch.Tensor]:
+    """v ~ N(0, I) over the vocabulary at every position: E[J^T v v^T J] = J^T J."""
+    return [
+        torch.randn(logits.shape, generator=generator, dtype=torch.float32).to(logits.dtype)
+        for _ in range(k)
+    ]
+
+
+def fisher_probes_for(logits: torch.Tensor, k: int, generator=None) -> list[torch.Tensor]:
+    """v = onehot(y) - p with y drawn from the model's own softmax p at every position:
+    E[v v^T] = diag(p) - p p^T, so E[u u^T] is the output Fisher pulled back to L."""
+    if k == 0:
+        return []
+    p = logits.detach().float().softmax(-1)
+    flat = p.reshape(-1, p.shape[-1])
+    probes = []
+    for _ in range(k):
+        y = torch.multinomial(flat, 1, generator=generator)
+        v = -flat.clone()
+        v.scatter_add_(1, y, torch.ones_like(y, dtype=v.dtype))
+        probes.append(v.view_as(p).to(logits.dtype))
+    return probes
 
 
 # ---------------------------------------------------------------------------- planning
@@ -148,6 +196,8 @@ def plan(cfg: HarvestConfig) -> Plan:
         "dtype": cfg.dtype,
         "store_dtype": cfg.store_dtype,
         "outlier_factor": cfg.outlier_factor,
+        "logit_probes": cfg.logit_probes,
+        "fisher_probes": cfg.fisher_probes,
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     return Plan(
@@ -273,6 +323,11 @@ def harvest(cfg: HarvestConfig, progress: bool = True, the_plan: Plan | None = N
         "layers_path": p.layers_path,
         "site": f"output of block {p.layer} ({p.layers_path}[{p.layer}])",
         "loss": "next-token cross-entropy summed over positions; g = dLoss/dh",
+        "probes": {
+            "u_logits": f"{cfg.logit_probes} Gaussian probe(s) v ~ N(0, I_vocab) per "
+            "position; u = J^T v",
+            "u_fisher": f"{cfg.fisher_probes} probe(s) v = onehot(y) - p, y ~ softmax; u = J^T v",
+        },
         "corpus": {**p.corpus.describe(), "sequences_available": p.splits.n_available},
         "seq_len": cfg.seq_len,
         "dtype": cfg.dtype,
@@ -304,14 +359,19 @@ def _harvest_split(lm, p: Plan, name, seqs, threshold, stats, progress) -> dict:
     bar = tqdm(total=seqs.numel(), desc=f"{name} pass", unit="tok", disable=not progress)
     for start in range(0, len(seqs), cfg.batch_size):
         ids = seqs[start : start + cfg.batch_size]
+        cols: dict[str, torch.Tensor] = {}
         if name == "eval":
-            out = residuals_and_grads(lm, p.layer, ids)
-            h, grads = out.h, [out.g]
+            # One generator per batch, so that probes do not depend on batching history.
+            gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + start)
+            out = residuals_and_grads(lm, p.layer, ids, cfg.logit_probes, cfg.fisher_probes, gen)
+            h = out.h
+            cols = {"g": out.g, "u_logits": out.u_logits, "u_fisher": out.u_fisher}
+            cols = {k: v for k, v in cols.items() if v is not None}
             loss_sum, n_pred = loss_sum + out.loss_sum, n_pred + out.n_predictions
         else:
-            h, grads = residuals(lm, p.layer, ids), []
-        _check_finite(name, start, h, *grads)
-        cols = {"g": grads[0].flatten(0, 1)} if grads else {}
+            h = residuals(lm, p.layer, ids)
+        _check_finite(name, start, h, *cols.values())
+        cols = {k: v.flatten(0, 1) for k, v in cols.items()}
         b, t, _ = h.shape
         flat = h.flatten(0, 1)
         pos = torch.arange(t, dtype=torch.int32).repeat(b)
@@ -333,9 +393,7 @@ def _harvest_split(lm, p: Plan, name, seqs, threshold, stats, progress) -> dict:
         "n_sequences": len(seqs),
         "n_tokens": seqs.numel(),
         "n_outliers": n_outliers,
-        "fields": ["h", "g", "token", "pos", "seq", "outlier"]
-        if name == "eval"
-        else ["h", "token", "pos", "seq", "outlier"],
+        "fields": writer.fields,
         "shards": writer.shards,
     }
     if name == "eval":
@@ -345,7 +403,7 @@ def _harvest_split(lm, p: Plan, name, seqs, threshold, stats, progress) -> dict:
 
 def _check_finite(split_name: str, first_seq: int, *tensors: torch.Tensor) -> None:
     for x in tensors:
-        bad = ~torch.isfinite(x).all(-1)  # [B, T]
+        bad = ~torch.isfinite(x).flatten(2).all(-1)  # [B, T]
         if bad.any():
             where = [(first_seq + int(i), int(j)) for i, j in bad.nonzero()[:5]]
             raise FloatingPointError(

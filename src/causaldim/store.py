@@ -3,6 +3,8 @@
 Per split, each shard holds whole sequences, flattened to tokens:
   h        [n, d]  residual stream at the output of block L
   g        [n, d]  dLoss/dh (eval split only), loss = next-token CE summed over positions
+  u_logits [n, K, d]  J^T v for K Gaussian probes v over the logits (eval, when asked)
+  u_fisher [n, K, d]  J^T (onehot(y) - p), y drawn from the model's softmax (eval, when asked)
   token    [n]     token id at that position
   pos      [n]     position in its sequence
   seq      [n]     sequence index within the split
@@ -25,7 +27,7 @@ from .fileio import atomic_write_bytes, sha256_file
 
 FORMAT = "causaldim-store/1"
 MANIFEST = "manifest.json"
-FLOAT_FIELDS = ("h", "g")
+FLOAT_FIELDS = ("h", "g", "u_logits", "u_fisher")
 _FP16_MAX = 60_000.0
 
 
@@ -40,12 +42,15 @@ class ShardWriter:
         self.root, self.split, self.shard_tokens = Path(root), split, shard_tokens
         self.dtype = getattr(torch, store_dtype)
         self.shards: list[dict] = []
+        self.fields: list[str] = []
         self._buffer: dict[str, list[torch.Tensor]] = {}
         self._buffered = 0
 
     def add(self, **columns: torch.Tensor) -> None:
         for name, col in columns.items():
             self._buffer.setdefault(name, []).append(col.detach().cpu())
+            if name not in self.fields:
+                self.fields.append(name)
         self._buffered += len(next(iter(columns.values())))
         if self._buffered >= self.shard_tokens:
             self.flush()

@@ -1,0 +1,226 @@
+"""Direct causal dimensionality: Sigma = E[u u^T] for each output reading, from the store.
+
+Readings (each a field of the store's eval split, one rank-1 sample per token and probe):
+  loss         u = g = dLoss/dh                      (no model work beyond the pass)
+  logits       u = J^T v, v ~ N(0, I_vocab)          E[u u^T] = E[J^T J]
+  fisher       u = J^T (onehot(y) - p), y ~ p         E[u u^T] = E[J^T (diag p - p p^T) J]
+  activations  the centred covariance of h itself: the directions the representation
+               uses, as opposed to those that move the output (a reference line)
+
+Sums are kept per block of sequences, so that one pass gives the estimate, a bootstrap
+over sequence blocks, a split-half comparison and a convergence curve.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+
+from .store import Store
+
+READINGS = {"loss": "g", "logits": "u_logits", "fisher": "u_fisher", "activations": "h"}
+
+
+def _opt(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class SigmaConfig:
+    """How the direct Sigma estimates are summarised."""
+
+    blocks: int = _opt(32, "Sequence blocks for the bootstrap and the convergence curve.")
+    bootstrap: int = _opt(200, "Bootstrap resamples of sequence blocks (0: none).")
+    include_outliers: bool = _opt(False, "Keep outlier tokens (position 0, huge norms) in.")
+    min_samples_per_dim: float = _opt(
+        10.0, "Warn when rank-1 samples are fewer than this many times d."
+    )
+    batch_tokens: int = _opt(4096, "Tokens read from the store at a time.")
+
+
+class Spectrum(NamedTuple):
+    erank: float  # exp(entropy of normalised eigenvalues), Roy & Vetterli (2007)
+    participation_ratio: float  # (sum l)^2 / sum l^2, a lower bound on erank
+    directions_for: dict  # {"50%": n, "90%": n, "99%": n} of the trace
+
+
+def spectrum(eigenvalues: torch.Tensor) -> Spectrum:
+    lam = eigenvalues.double().clamp_min(0).sort(descending=True).values
+    total = float(lam.sum())
+    if total <= 0:
+        return Spectrum(0.0, 0.0, {"50%": 0, "90%": 0, "99%": 0})
+    p = lam / total
+    nz = p[p > 0]
+    erank = math.exp(float(-(nz * nz.log()).sum()))
+    pr = total**2 / float((lam * lam).sum())
+    cum = p.cumsum(0)
+    n_for = {f"{int(q * 100)}%": int((cum < q - 1e-12).sum()) + 1 for q in (0.5, 0.9, 0.99)}
+    return Spectrum(erank, pr, n_for)
+
+
+class BlockSums:
+    """Per-block sums of x x^T (and of x, for a centred covariance) and counts."""
+
+    def __init__(self, d: int, blocks: int, centred: bool = False):
+        self.xx = torch.zeros(blocks, d, d, dtype=torch.float64)
+        self.x = torch.zeros(blocks, d, dtype=torch.float64) if centred else None
+        self.n = torch.zeros(blocks, dtype=torch.float64)
+
+    def add(self, block: int, x: torch.Tensor) -> None:
+        x = x.float()
+        self.xx[block] += (x.T @ x).double()
+        if self.x is not None:
+            self.x[block] += x.sum(0).double()
+        self.n[block] += len(x)
+
+    def matrix(self, weights: torch.Tensor | None = None) -> torch.Tensor:
+        """The estimate from the blocks with these weights (default: all, once)."""
+        w = torch.ones_like(self.n) if weights is None else weights.double()
+        n = float(w @ self.n)
+        sigma = torch.einsum("b,bij->ij", w, self.xx) / n
+        if self.x is not None:
+            mu = (w @ self.x) / n
+            sigma = sigma - torch.outer(mu, mu)
+        return sigma
+
+
+class SigmaEstimate(NamedTuple):
+    reading: str
+    n_tokens: int
+    n_samples: int  # rank-1 samples: tokens x probes
+    samples_per_dim: float
+    eigenvalues: list[float]  # descending
+    erank: float
+    erank_over_d: float
+    participation_ratio: float
+    directions_for: dict
+    bootstrap: dict | None  # 95% intervals over resampled sequence blocks
+    split_half: dict  # erank and PR of each half of the blocks
+    convergence: list[dict]  # erank and PR over growing numbers of samples
+    warning: str | None
+
+    def to_dict(self) -> dict:
+        return self._asdict()
+
+
+def accumulate(store: Store, cfg: SigmaConfig, readings: tuple[str, ...] | None = None):
+    """One pass over the eval split; returns {reading: BlockSums} and the probe counts."""
+    fields = store.manifest["splits"]["eval"]["fields"]
+    readings = readings or tuple(r for r, f in READINGS.items() if f in fields)
+    d, seq_len = store.d_model, store.manifest["seq_len"]
+    n_seq = store.manifest["splits"]["eval"]["n_sequences"]
+    blocks = max(1, min(cfg.blocks, n_seq))
+    sums = {r: BlockSums(d, blocks, centred=(r == "activations")) for r in readings}
+    read = tuple(dict.fromkeys([READINGS[r] for r in readings] + ["seq", "pos"]))
+    batches = store.batches("eval", read, cfg.batch_tokens, not cfg.include_outliers)
+    for batch in batches:
+        # Sequences were shuffled before the split, so contiguous blocks are random ones.
+        block_of = (batch["seq"].long() * blocks) // n_seq
+        has_target = batch["pos"] < seq_len - 1  # the last position predicts nothing
+        for b in block_of.unique().tolist():
+            rows = block_of == b
+            for r in readings:
+                x = batch[READINGS[r]]
+                keep = rows & has_target if r == "loss" else rows
+                sums[r].add(b, x[keep].reshape(-1, d))
+    return sums
+
+
+def estimate(
+    reading: str, sums: BlockSums, cfg: SigmaConfig, seed: int = 0, probes_per_token: int = 1
+) -> SigmaEstimate:
+    """Eigenvalues, erank, PR and their uncertainty for one reading's block sums."""
+    d = sums.xx.shape[-1]
+    n_samples = int(sums.n.sum())
+    eig = torch.linalg.eigvalsh(sums.matrix()).flip(0)
+    point = spectrum(eig)
+    blocks = len(sums.n)
+
+    boot = None
+    if cfg.bootstrap and blocks > 1:
+        gen = torch.Generator().manual_seed(seed)
+        draws = torch.randint(0, blocks, (cfg.bootstrap, blocks), generator=gen)
+        stats = []
+        for row in draws:
+            w = torch.bincount(row, minlength=blocks)
+            stats.append(spectrum(torch.linalg.eigvalsh(sums.matrix(w))))
+        boot = {"resamples": cfg.bootstrap, "blocks": blocks}
+        for name, value in (
+            ("erank", point.erank),
+            ("participation_ratio", point.participation_ratio),
+        ):
+            boot.update(_intervals(name, value, [getattr(s, name) for s in stats]))
+
+    halves = {}
+    for name, w in (
+        ("first", torch.arange(blocks) < blocks // 2),
+        ("second", torch.arange(blocks) >= blocks // 2),
+    ):
+        if w.any() and float(w.double() @ sums.n) > 0:
+            s = spectrum(torch.linalg.eigvalsh(sums.matrix(w)))
+            halves[name] = {"erank": s.erank, "participation_ratio": s.participation_ratio}
+
+    curve = []
+    for k in sorted({max(1, round(blocks * f)) for f in (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1)}):
+        w = (torch.arange(blocks) < k).double()
+        s = spectrum(torch.linalg.eigvalsh(sums.matrix(w)))
+        curve.append(
+            {
+                "n_samples": int(w @ sums.n),
+                "erank": s.erank,
+                "participation_ratio": s.participation_ratio,
+            }
+        )
+
+    per_dim = n_samples / d
+    warning = None
+    if per_dim < cfg.min_samples_per_dim:
+        warning = (
+            f"only {n_samples} rank-1 samples for d={d} ({per_dim:.1f} per dimension): "
+            "finite samples bias erank; harvest more eval tokens or probes"
+        )
+    return SigmaEstimate(
+        reading,
+        n_samples // probes_per_token,
+        n_samples,
+        per_dim,
+        eig.tolist(),
+        point.erank,
+        point.erank / d,
+        point.participation_ratio,
+        point.directions_for,
+        boot,
+        halves,
+        curve,
+        warning,
+    )
+
+
+def _intervals(name: str, point: float, values: list[float]) -> dict:
+    """Resampling duplicates blocks, which spreads the eigenvalues and lowers erank: the
+    percentile interval inherits that bias. The basic interval reflects the bootstrap
+    distribution about the estimate, which corrects for it; both are reported."""
+    t = torch.tensor(values, dtype=torch.float64)
+    lo, hi = float(t.quantile(0.025)), float(t.quantile(0.975))
+    return {
+        f"{name}_95": [2 * point - hi, 2 * point - lo],
+        f"{name}_95_percentile": [lo, hi],
+        f"{name}_bootstrap_bias": float(t.mean()) - point,
+    }
+
+
+def measure(store: Store, cfg: SigmaConfig | None = None, seed: int = 0) -> dict:
+    """All readings the store holds: {reading: SigmaEstimate}."""
+    cfg = cfg or SigmaConfig()
+    sums = accumulate(store, cfg)
+    probes = {
+        "logits": store.manifest["key"].get("logit_probes", 0),
+        "fisher": store.manifest["key"].get("fisher_probes", 0),
+    }
+    return {
+        reading: estimate(reading, s, cfg, seed + i, probes.get(reading, 1))
+        for i, (reading, s) in enumerate(sums.items())
+    }

@@ -1,0 +1,241 @@
+"""Direct Sigma estimates: planted spectra, exact Jacobians, and the store pass."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from causaldim.config import HarvestConfig
+from causaldim.harvest import (
+    fisher_probes_for,
+    gaussian_probes,
+    harvest,
+    residuals_and_grads,
+)
+from causaldim.models import load_model, resolve_model
+from causaldim.sigma import BlockSums, SigmaConfig, accumulate, estimate, measure, spectrum
+
+D = 48
+
+
+def planted(kind: str) -> torch.Tensor:
+    i = torch.arange(1, D + 1, dtype=torch.float64)
+    if kind == "flat":
+        return torch.ones(D, dtype=torch.float64)
+    if kind == "power-law":
+        return i**-1.0
+    if kind == "low-rank+noise":
+        return torch.where(i <= 8, 1.0, 0.01)
+    raise ValueError(kind)
+
+
+def readout(lam: torch.Tensor, vocab: int, orthogonal_to_ones: bool = False):
+    """W [vocab, D] with W^T W = R diag(lam) R^T, R a random rotation."""
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(vocab, D, generator=gen, dtype=torch.float64)
+    if orthogonal_to_ones:  # so that the softmax's null direction (all ones) is not read
+        q -= q.mean(0, keepdim=True)
+    q, _ = torch.linalg.qr(q)
+    r, _ = torch.linalg.qr(torch.randn(D, D, generator=gen, dtype=torch.float64))
+    return (q * lam.sqrt()) @ r.T
+
+
+def samples(reading: str, w: torch.Tensor, n: int) -> torch.Tensor:
+    """Rank-1 samples u [n, D] from each estimator's own code path."""
+    gen = torch.Generator().manual_seed(2)
+    w = w.float()
+    h = torch.randn(n, D, generator=gen) if reading != "fisher" else torch.zeros(n, D)
+    h.requires_grad_(True)
+    logits = h @ w.T
+    if reading == "loss":  # squared error against a noisy target: g = -W^T eps
+        target = (logits + torch.randn(logits.shape, generator=gen)).detach()
+        (g,) = torch.autograd.grad(0.5 * ((logits - target) ** 2).sum(), h)
+        return g
+    probes = (gaussian_probes if reading == "logits" else fisher_probes_for)(logits, 1, gen)
+    (u,) = torch.autograd.grad(logits, h, probes[0])
+    return u
+
+
+@pytest.mark.parametrize("kind", ["flat", "power-law", "low-rank+noise"])
+@pytest.mark.parametrize("reading", ["loss", "logits", "fisher"])
+def test_planted_erank_and_pr_within_2_percent(kind, reading):
+    lam = planted(kind)
+    w = readout(lam, vocab=4 * D, orthogonal_to_ones=(reading == "fisher"))
+    u = samples(reading, w, n=300 * D)
+    sums = BlockSums(D, blocks=16)
+    for b, chunk in enumerate(u.chunk(16)):
+        sums.add(b, chunk)
+    est = estimate(reading, sums, SigmaConfig(bootstrap=50))
+    truth = spectrum(lam)
+    assert abs(est.erank / truth.erank - 1) < 0.02, (est.erank, truth.erank)
+    assert abs(est.participation_ratio / truth.participation_ratio - 1) < 0.02
+    # The bias-corrected interval covers the planted value (to 1% of it, at 16 blocks).
+    lo, hi = est.bootstrap["erank_95"]
+    assert lo - 0.01 * truth.erank <= truth.erank <= hi + 0.01 * truth.erank, (lo, hi)
+    assert est.warning is None and est.n_samples == 300 * D
+
+
+def test_spectrum_of_known_matrices():
+    flat = spectrum(torch.ones(10))
+    assert flat.erank == pytest.approx(10) and flat.participation_ratio == pytest.approx(10)
+    one = spectrum(torch.tensor([5.0, 0, 0]))
+    assert one.erank == pytest.approx(1) and one.directions_for == {"50%": 1, "90%": 1, "99%": 1}
+    two = spectrum(torch.tensor([3.0, 1.0]))
+    p = torch.tensor([0.75, 0.25])
+    assert two.erank == pytest.approx(math.exp(float(-(p * p.log()).sum())))
+    assert two.participation_ratio == pytest.approx(16 / 10)
+    assert two.participation_ratio <= two.erank
+
+
+def test_few_samples_are_flagged():
+    sums = BlockSums(D, blocks=2)
+    sums.add(0, torch.randn(30, D))
+    sums.add(1, torch.randn(30, D))
+    est = estimate("logits", sums, SigmaConfig(bootstrap=0))
+    assert "rank-1 samples" in est.warning and est.bootstrap is None
+
+
+# ---------------------------------------------------------------- exact J^T J, tiny model
+
+
+def _logits_of_h(lm, layer, ids):
+    """f(h) = all logits, with block `layer`'s output replaced by h."""
+
+    def f(h):
+        handle = lm.layers[layer].register_forward_hook(
+            lambda m, a, out: (h, *out[1:]) if isinstance(out, tuple) else h
+        )
+        try:
+            return lm.model(input_ids=ids, use_cache=False).logits
+        finally:
+            handle.remove()
+
+    return f
+
+
+@pytest.fixture(scope="module")
+def tiny_exact(tiny_model):
+    lm = load_model(resolve_model(tiny_model("llama")))
+    ids = torch.randint(0, 320, (1, 6), generator=torch.Generator().manual_seed(3))
+    layer = 1
+    out = residuals_and_grads(lm, layer, ids)
+    jac = torch.autograd.functional.jacobian(_logits_of_h(lm, layer, ids), out.h)
+    t, d = ids.shape[1], out.h.shape[-1]
+    jac = jac.reshape(t, -1, t, d)  # [out position, vocab, in position, d]
+    per_pos = jac.permute(2, 0, 1, 3).reshape(t, -1, d)  # J_t: all outputs w.r.t. h_t
+    exact = torch.einsum("tod,toe->de", per_pos, per_pos) / t
+    logits = _logits_of_h(lm, layer, ids)(out.h).detach()
+    p = logits.softmax(-1)[0]  # [T, V]
+    cov = torch.diag_embed(p) - p[:, :, None] * p[:, None, :]
+    jac_s = jac[:, :, :, :]  # [s, v, t, d]
+    fisher = torch.einsum("svtd,svw,swte->de", jac_s, cov, jac_s) / t
+    return lm, layer, ids, exact, fisher
+
+
+@pytest.mark.parametrize("reading", ["logits", "fisher"])
+def test_probes_match_exact_pullback_with_monte_carlo_error(tiny_exact, reading):
+    lm, layer, ids, exact_logits, exact_fisher = tiny_exact
+    exact = exact_logits if reading == "logits" else exact_fisher
+    gen = torch.Generator().manual_seed(4)
+    draws = []  # one probe per draw: X_k = mean_t u_t u_t^T
+    for _ in range(64):
+        out = residuals_and_grads(
+            lm, layer, ids, *((4, 0) if reading == "logits" else (0, 4)), generator=gen
+        )
+        u = out.u_logits if reading == "logits" else out.u_fisher  # [1, T, 4, d]
+        for k in range(4):
+            uk = u[0, :, k]
+            draws.append(uk.T @ uk / uk.shape[0])
+    draws = torch.stack(draws)
+    per_draw_sq = float(((draws - exact) ** 2).sum((1, 2)).mean())  # E||X - Sigma||_F^2
+
+    errors = {}
+    for k in (4, 16, 64, 256):
+        est = draws[:k].mean(0)
+        expected = math.sqrt(per_draw_sq / k)  # Monte Carlo error of a mean of k draws
+        errors[k] = float((est - exact).norm())
+        assert errors[k] < 3 * expected, (k, errors[k], expected)
+    # Unbiased, and the error falls like 1/sqrt(K): a slope near -1/2 on log-log axes.
+    ks = torch.tensor(list(errors), dtype=torch.float64).log()
+    es = torch.tensor(list(errors.values()), dtype=torch.float64).log()
+    slope = float(((ks - ks.mean()) * (es - es.mean())).sum() / ((ks - ks.mean()) ** 2).sum())
+    assert -0.8 < slope < -0.25, slope
+    assert errors[256] / float(exact.norm()) < 0.15
+
+
+# ---------------------------------------------------------------- through the store
+
+
+@pytest.fixture
+def store(tmp_path, tiny_model, text_corpus):
+    cfg = HarvestConfig(
+        model=tiny_model("llama"),
+        corpus=str(text_corpus),
+        tokens=4096,
+        seq_len=32,
+        logit_probes=2,
+        fisher_probes=1,
+        out=str(tmp_path / "run"),
+    )
+    return harvest(cfg, progress=False).store
+
+
+def test_store_pass_accumulates_the_stored_samples(store):
+    cfg = SigmaConfig(blocks=4)
+    sums = accumulate(store, cfg)
+    assert set(sums) == {"loss", "logits", "fisher", "activations"}
+    rows = {k: [] for k in ("g", "u_logits", "h", "pos")}
+    for b in store.batches("eval", tuple(rows), 10_000):
+        for k in rows:
+            rows[k].append(b[k])
+    rows = {k: torch.cat(v) for k, v in rows.items()}
+    g = rows["g"][rows["pos"] < 31]
+    assert torch.allclose(sums["loss"].matrix(), (g.T @ g).double() / len(g), rtol=1e-4)
+    u = rows["u_logits"].reshape(-1, 32)
+    assert torch.allclose(sums["logits"].matrix(), (u.T @ u).double() / len(u), rtol=1e-4)
+    h = rows["h"].double()
+    assert torch.allclose(
+        sums["activations"].matrix(), torch.cov(h.T, correction=0), rtol=1e-4, atol=1e-8
+    )
+
+
+def test_measure_reports_every_reading_with_intervals(store):
+    results = measure(store, SigmaConfig(bootstrap=20))
+    n_eval = store.n_tokens("eval", drop_outliers=True)
+    assert results["logits"].n_samples == 2 * n_eval and results["logits"].n_tokens == n_eval
+    assert results["fisher"].n_samples == n_eval
+    assert results["loss"].n_samples < n_eval  # the last positions predict nothing
+    for est in results.values():
+        lo, hi = est.bootstrap["erank_95"]
+        assert 1 <= lo <= hi <= 32
+        assert est.participation_ratio <= est.erank + 1e-9
+        assert est.convergence[-1]["n_samples"] == est.n_samples
+        assert set(est.split_half) == {"first", "second"}
+        assert len(est.eigenvalues) == 32
+
+
+def test_planted_jacobian_through_the_model_pass(tiny_model):
+    """A real model whose blocks after L are identities and whose head is a planted
+    read-out: J = W exactly, so Sigma_logits = W^T W."""
+    lm = load_model(resolve_model(tiny_model("llama")))
+    layer = 1
+    for block in lm.layers[layer + 1 :]:
+        block.self_attn.o_proj.weight.data.zero_()
+        block.mlp.down_proj.weight.data.zero_()
+    lm.model.model.norm = torch.nn.Identity()
+    lam = torch.arange(1, 33, dtype=torch.float64) ** -0.7
+    gen = torch.Generator().manual_seed(5)
+    q, _ = torch.linalg.qr(torch.randn(320, 32, generator=gen, dtype=torch.float64))
+    lm.model.lm_head.weight.data = (q * lam.sqrt()).float()  # W^T W = diag(lam)
+    sums = BlockSums(32, 8)
+    for i in range(32):
+        ids = torch.randint(0, 320, (8, 32), generator=gen)
+        out = residuals_and_grads(lm, layer, ids, logit_probes=1, generator=gen)
+        sums.add(i % 8, out.u_logits.reshape(-1, 32))
+    est = estimate("logits", sums, SigmaConfig(bootstrap=0))
+    truth = spectrum(lam)
+    assert est.n_samples == 32 * 8 * 32
+    assert abs(est.erank / truth.erank - 1) < 0.02
+    assert abs(est.participation_ratio / truth.participation_ratio - 1) < 0.02
