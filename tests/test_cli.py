@@ -62,6 +62,7 @@ def cases(tmp_path, tiny_model, text_corpus):
             "--layers-path",
         ),
         "bad layers path": ([*base, "--layers-path", "model.blocks"], "has no attribute"),
+        "negative probes": ([*base, "--logit-probes", "-1"], "--logit-probes must be >= 0"),
     }
 
 
@@ -121,7 +122,8 @@ def test_output_folder_of_another_model_is_refused(tmp_path, tiny_model, text_co
     assert snapshot(tmp_path) == before
 
 
-def test_run_writes_results_and_reuses_the_store(tmp_path, tiny_model, text_corpus, capsys):
+def test_run_writes_results_figures_and_reuses_the_store(tmp_path, tiny_model, text_corpus, capsys):
+    out = tmp_path / "out"
     args = [
         "--quiet",
         "run",
@@ -130,20 +132,40 @@ def test_run_writes_results_and_reuses_the_store(tmp_path, tiny_model, text_corp
         "--corpus",
         str(text_corpus),
         "--tokens",
-        "1024",
+        "2048",
         "--seq-len",
         "32",
+        "--bootstrap",
+        "20",
         "--out",
-        str(tmp_path / "out"),
+        str(out),
     ]
     assert cli.main(args) == 0
-    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    results = json.loads((out / "results.json").read_text())
     assert results["store"]["reused"] is False
-    assert results["store"]["tokens"] == {"eval": 256, "train": 768}
-    assert results["config"]["seq_len"] == 32
+    assert results["store"]["tokens"] == {"eval": 512, "train": 1536}
+    assert results["config"]["harvest"]["seq_len"] == 32
+    assert set(results["sigma"]) == {"loss", "logits", "fisher", "activations"}
+    for est in results["sigma"].values():
+        assert 1 <= est["erank"] <= 32 and len(est["bootstrap"]["erank_95"]) == 2
+    assert (out / "figures" / "sigma.png").stat().st_size > 10_000
+    printed = capsys.readouterr().out
+    assert "logits" in printed and "results:" in printed
+
     assert cli.main(args) == 0
     assert "reused store" in capsys.readouterr().out
-    assert json.loads((tmp_path / "out" / "results.json").read_text())["store"]["reused"]
+    again = json.loads((out / "results.json").read_text())
+    assert again["store"]["reused"]
+    assert again["sigma"] == results["sigma"]  # same seed, same numbers
+
+    (out / "figures" / "sigma.png").unlink()
+    assert cli.main(["report", str(out / "results.json")]) == 0
+    assert (out / "figures" / "sigma.png").is_file()
+
+
+def test_report_of_a_missing_file_is_refused(tmp_path, capsys):
+    assert cli.main(["report", str(tmp_path / "results.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err
 
 
 def test_help_explains_every_flag(capsys):

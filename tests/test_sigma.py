@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from causaldim.config import HarvestConfig
+from causaldim.config import HarvestConfig, SigmaConfig
 from causaldim.harvest import (
     fisher_probes_for,
     gaussian_probes,
@@ -15,7 +15,7 @@ from causaldim.harvest import (
     residuals_and_grads,
 )
 from causaldim.models import load_model, resolve_model
-from causaldim.sigma import BlockSums, SigmaConfig, accumulate, estimate, measure, spectrum
+from causaldim.sigma import BlockSums, accumulate, estimate, measure, spectrum
 
 D = 48
 

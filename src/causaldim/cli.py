@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
-import time
 import types
 import typing
 from pathlib import Path
 
 from . import __version__
-from .config import HarvestConfig
+from .config import HarvestConfig, SigmaConfig
 from .errors import UsageError
 
 
@@ -67,10 +67,16 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "run",
-        help="The whole measurement (so far: the harvest, recorded in OUT/results.json).",
+        help="The whole measurement: harvest (or reuse) the store, then Sigma for loss, "
+        "logits and fisher with intervals; writes OUT/results.json and OUT/figures/.",
     )
     _add_config_args(p, HarvestConfig)
+    _add_config_args(p, SigmaConfig)
     p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("report", help="Re-render the figures of a results.json.")
+    p.add_argument("results", type=Path, help="Path of a results.json written by `run`.")
+    p.set_defaults(func=_cmd_report)
 
     p = sub.add_parser("models", help="List the embedded models and the known model families.")
     p.set_defaults(func=_cmd_models)
@@ -86,36 +92,35 @@ def _cmd_harvest(args) -> int:
 
 
 def _cmd_run(args) -> int:
-    from .fileio import atomic_write_json
-    from .harvest import harvest, plan
+    from .pipeline import run
+    from .report import sigma_table
 
-    cfg = _config(args, HarvestConfig)
-    the_plan = plan(cfg)  # every check before anything is written
-    out = Path(cfg.out)
-    results_path = out / "results.json"
-    t0 = time.perf_counter()
-    result = harvest(cfg, progress=not args.quiet, the_plan=the_plan)
-    _print_store(result)
-    m = result.store.manifest
-    results = {
-        "causaldim_version": __version__,
-        "config": cfg.to_dict(),
-        "stages_done": ["harvest"],
-        "store": {
-            "path": str(result.store.root.relative_to(out)),
-            "reused": result.reused,
-            "model": m["model"],
-            "layer": m["layer"],
-            "corpus": m["corpus"],
-            "tokens": {k: v["n_tokens"] for k, v in m["splits"].items()},
-            "outliers": m["outliers"],
-            "eval_mean_loss": m["splits"]["eval"]["mean_loss"],
-        },
-        "versions": m["versions"],
-        "seconds": {"harvest": time.perf_counter() - t0},
-    }
-    atomic_write_json(results_path, results)
-    print(f"results: {results_path}")
+    cfg, sigma_cfg = _config(args, HarvestConfig), _config(args, SigmaConfig)
+    results, path, figures = run(cfg, sigma_cfg, progress=not args.quiet)
+    print(
+        f"{'reused' if results['store']['reused'] else 'wrote'} store "
+        f"{Path(cfg.out) / results['store']['path']}"
+    )
+    print(sigma_table(results))
+    print(f"results: {path}")
+    for fig in figures:
+        print(f"figure: {fig}")
+    return 0
+
+
+def _cmd_report(args) -> int:
+    from .report import render, sigma_table
+
+    if not args.results.is_file():
+        raise UsageError(f"{args.results} does not exist; pass the results.json of a run")
+    try:
+        results = json.loads(args.results.read_text())
+    except ValueError:
+        raise UsageError(f"{args.results} is not valid JSON; pass a results.json") from None
+    if "sigma" in results:
+        print(sigma_table(results))
+    for fig in render(args.results):
+        print(f"figure: {fig}")
     return 0
 
 

@@ -109,5 +109,29 @@ class HarvestConfig:
         return dataclasses.asdict(self)
 
 
+@dataclass
+class SigmaConfig:
+    """How the direct Sigma estimates are summarised."""
+
+    blocks: int = _opt(32, "Sequence blocks for the bootstrap and the convergence curve.")
+    bootstrap: int = _opt(200, "Bootstrap resamples of sequence blocks (0: none).")
+    include_outliers: bool = _opt(False, "Keep outlier tokens (position 0, huge norms) in.")
+    min_samples_per_dim: float = _opt(
+        10.0, "Warn when rank-1 samples are fewer than this many times d."
+    )
+    batch_tokens: int = _opt(4096, "Tokens read from the store at a time.")
+
+    def check(self) -> None:
+        if self.blocks < 2:
+            raise UsageError(f"--blocks must be at least 2, got {self.blocks}")
+        if self.bootstrap < 0:
+            raise UsageError(f"--bootstrap must be >= 0, got {self.bootstrap}")
+        if self.batch_tokens <= 0:
+            raise UsageError(f"--batch-tokens must be positive, got {self.batch_tokens}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
 def _flag(name: str) -> str:
     return name.replace("_", "-")

@@ -14,31 +14,14 @@ over sequence blocks, a split-half comparison and a convergence curve.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
 
+from .config import SigmaConfig
 from .store import Store
 
 READINGS = {"loss": "g", "logits": "u_logits", "fisher": "u_fisher", "activations": "h"}
-
-
-def _opt(default, help: str):
-    return field(default=default, metadata={"help": help})
-
-
-@dataclass
-class SigmaConfig:
-    """How the direct Sigma estimates are summarised."""
-
-    blocks: int = _opt(32, "Sequence blocks for the bootstrap and the convergence curve.")
-    bootstrap: int = _opt(200, "Bootstrap resamples of sequence blocks (0: none).")
-    include_outliers: bool = _opt(False, "Keep outlier tokens (position 0, huge norms) in.")
-    min_samples_per_dim: float = _opt(
-        10.0, "Warn when rank-1 samples are fewer than this many times d."
-    )
-    batch_tokens: int = _opt(4096, "Tokens read from the store at a time.")
 
 
 class Spectrum(NamedTuple):
