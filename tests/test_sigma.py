@@ -239,3 +239,13 @@ def test_planted_jacobian_through_the_model_pass(tiny_model):
     assert est.n_samples == 32 * 8 * 32
     assert abs(est.erank / truth.erank - 1) < 0.02
     assert abs(est.participation_ratio / truth.participation_ratio - 1) < 0.02
+
+
+def test_fisher_probes_draw_y_from_the_softmax():
+    logits = torch.tensor([[[2.0, 0.0, -1.0, 1.0, -3.0]]]).expand(1, 20_000, 5)
+    (v,) = fisher_probes_for(logits, 1, torch.Generator().manual_seed(0))
+    p = logits[0, 0].softmax(-1)
+    onehot = v[0] + p  # v = onehot(y) - p
+    assert torch.allclose(onehot.sum(-1), torch.ones(20_000))
+    freq = onehot.mean(0)
+    assert torch.allclose(freq, p, atol=4 * float((p * (1 - p) / 20_000).sqrt().max()))

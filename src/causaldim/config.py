@@ -41,10 +41,12 @@ class HarvestConfig:
     )
     text_field: str = _opt("text", "Field holding the text in .jsonl files and HF datasets.")
     tokens: int = _opt(
-        131_072, "Tokens to harvest in all (train + eval); fewer if the corpus is smaller."
+        98_304, "Tokens to harvest in all (train + eval); fewer if the corpus is smaller."
     )
     eval_fraction: float = _opt(
-        0.25, "Fraction of sequences in the eval split (h and gradients); the rest train SAEs."
+        0.125,
+        "Fraction of sequences in the eval split (h, gradients, probes; the costly part); "
+        "the rest train SAEs.",
     )
     seq_len: int = _opt(128, "Tokens per sequence.")
     batch_size: int = _opt(8, "Sequences per model batch.")

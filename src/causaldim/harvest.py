@@ -131,9 +131,13 @@ def fisher_probes_for(logits: torch.Tensor, k: int, generator=None) -> list[torc
         return []
     p = logits.detach().float().softmax(-1)
     flat = p.reshape(-1, p.shape[-1])
+    # Inverse-CDF sampling: one cumsum shared by all probes (torch.multinomial is ~10x
+    # slower than the whole cumsum at a 49k vocabulary).
+    cdf = flat.cumsum(-1)
     probes = []
     for _ in range(k):
-        y = torch.multinomial(flat, 1, generator=generator)
+        r = torch.rand(len(flat), 1, generator=generator, dtype=cdf.dtype) * cdf[:, -1:]
+        y = torch.searchsorted(cdf, r, right=True).clamp_max(flat.shape[-1] - 1)
         v = -flat.clone()
         v.scatter_add_(1, y, torch.ones_like(y, dtype=v.dtype))
         probes.append(v.view_as(p).to(logits.dtype))
