@@ -135,6 +135,8 @@ def test_run_writes_results_figures_and_reuses_the_store(tmp_path, tiny_model, t
         "2048",
         "--seq-len",
         "32",
+        "--eval-fraction",
+        "0.25",
         "--bootstrap",
         "20",
         "--out",

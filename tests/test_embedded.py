@@ -35,9 +35,9 @@ def test_embedded_gradient_matches_autograd(smollm):
     assert (ours.g - g).norm() / g.norm() < 1e-5
 
 
-def test_default_harvest_of_the_embedded_model(tmp_path, capsys):
+def test_run_on_the_embedded_model(tmp_path, capsys):
     out = tmp_path / "run"
-    args = ["--quiet", "harvest", "--tokens", "1536", "--out", str(out)]
+    args = ["--quiet", "run", "--tokens", "1536", "--eval-fraction", "0.25", "--out", str(out)]
     assert cli.main(args) == 0
     (manifest_path,) = out.glob("stores/*/manifest.json")
     m = json.loads(manifest_path.read_text())
@@ -49,5 +49,11 @@ def test_default_harvest_of_the_embedded_model(tmp_path, capsys):
     o = m["outliers"]
     assert o["n_outliers"] >= 12  # at least every position 0
     assert o["variance_share"] > 0.5  # the few outliers carry most of the variance
+
+    results = json.loads((out / "results.json").read_text())
+    for reading in ("loss", "logits", "fisher", "activations"):
+        est = results["sigma"][reading]
+        assert 1 < est["erank"] < 576 and est["n_samples"] > 300
+        assert est["warning"]  # 384 eval tokens are far too few for d = 576, and it says so
     assert cli.main(args) == 0
     assert "reused store" in capsys.readouterr().out

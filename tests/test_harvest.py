@@ -47,6 +47,7 @@ def _cfg(tmp_path, tiny_model, text_corpus, **kw):
         seq_len=32,
         batch_size=4,
         shard_tokens=256,
+        eval_fraction=0.25,
         out=str(tmp_path / "run"),
     )
     return HarvestConfig(**{**base, **kw})

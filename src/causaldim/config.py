@@ -121,6 +121,9 @@ class SigmaConfig:
     min_samples_per_dim: float = _opt(
         10.0, "Warn when rank-1 samples are fewer than this many times d."
     )
+    converged_change: float = _opt(
+        0.05, "Warn when erank still moves by more than this fraction over the last doubling."
+    )
     batch_tokens: int = _opt(4096, "Tokens read from the store at a time.")
 
     def check(self) -> None:

@@ -159,12 +159,20 @@ def estimate(
         )
 
     per_dim = n_samples / d
-    warning = None
+    warnings = []
     if per_dim < cfg.min_samples_per_dim:
-        warning = (
+        warnings.append(
             f"only {n_samples} rank-1 samples for d={d} ({per_dim:.1f} per dimension): "
             "finite samples bias erank; harvest more eval tokens or probes"
         )
+    if len(curve) > 1 and curve[-2]["n_samples"] * 2 >= curve[-1]["n_samples"] * 0.9:
+        change = point.erank / curve[-2]["erank"] - 1
+        if abs(change) > cfg.converged_change:
+            warnings.append(
+                f"not converged: erank changed by {100 * change:+.1f}% over the last doubling "
+                "of samples; harvest more eval tokens or probes"
+            )
+    warning = "; ".join(warnings) or None
     return SigmaEstimate(
         reading,
         n_samples // probes_per_token,
