@@ -1,0 +1,102 @@
+"""What every SAE shares: f = act(W_enc^T (x - b_dec) + b_enc), x_hat = W_dec^T f + b_dec.
+
+Weights live in the residual stream's own units (any input normalisation used while
+training is folded in before saving), so an SAE encodes the store's h directly and
+W_dec's rows are the feature directions d_i that attribution patching uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class SAEConfig:
+    architecture: str
+    d_in: int
+    width: int
+    k: int | None = None  # TopK: active features per token
+    init_threshold: float = 0.01  # JumpReLU: threshold before calibration on data
+    bandwidth: float = 0.05  # JumpReLU: straight-through kernel width (normalised units;
+    # the paper's 0.001 moves thresholds too slowly for sweeps of a few hundred steps)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class SAE(nn.Module):
+    """Base class; subclasses define `activate(pre)` and `sparsity_loss(pre, f)`."""
+
+    architecture = "base"
+
+    def __init__(self, cfg: SAEConfig):
+        super().__init__()
+        self.cfg = cfg
+        d, m = cfg.d_in, cfg.width
+        self.W_enc = nn.Parameter(torch.empty(d, m))
+        self.b_enc = nn.Parameter(torch.zeros(m))
+        self.W_dec = nn.Parameter(torch.empty(m, d))
+        self.b_dec = nn.Parameter(torch.zeros(d))
+
+    def reset(self, generator: torch.Generator | None = None) -> None:
+        """Unit-norm random decoder rows; the encoder starts as the decoder's transpose."""
+        with torch.no_grad():
+            w = torch.randn(self.W_dec.shape, generator=generator)
+            self.W_dec.copy_(w / w.norm(dim=1, keepdim=True))
+            self.W_enc.copy_(self.W_dec.T)
+            self.b_enc.zero_()
+            self.b_dec.zero_()
+
+    def pre_acts(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.b_dec) @ self.W_enc + self.b_enc
+
+    def activate(self, pre: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.activate(self.pre_acts(x))
+
+    def decode(self, f: torch.Tensor) -> torch.Tensor:
+        return f @ self.W_dec + self.b_dec
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decode(self.encode(x))
+
+    @torch.no_grad()
+    def calibrate(self, pre: torch.Tensor, target_l0: float) -> None:
+        """Start at the target L0 on the first batch (no-op where L0 is fixed)."""
+
+    @staticmethod
+    def _firing_cut(pre: torch.Tensor, target_l0: float) -> torch.Tensor:
+        """Per feature, the pre-activation exceeded by a fraction target_l0 / width of
+        the tokens, so that each feature starts with an equal share of the target L0."""
+        q = 1 - min(1.0, target_l0 / pre.shape[1])
+        return pre.float().quantile(q, dim=0) if len(pre) > 1 else pre[0]
+
+    def sparsity_loss(self, pre: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        """Per-token sparsity penalty before its coefficient; zero for TopK."""
+        return pre.new_zeros(())
+
+    @torch.no_grad()
+    def normalize_decoder(self) -> None:
+        self.W_dec.div_(self.W_dec.norm(dim=1, keepdim=True).clamp_min(1e-12))
+
+    @torch.no_grad()
+    def remove_parallel_grad(self) -> None:
+        """Keep decoder rows on the unit sphere: drop the gradient along each row."""
+        if self.W_dec.grad is None:
+            return
+        w = self.W_dec / self.W_dec.norm(dim=1, keepdim=True).clamp_min(1e-12)
+        self.W_dec.grad -= (self.W_dec.grad * w).sum(1, keepdim=True) * w
+
+    @torch.no_grad()
+    def fold_normalization(self, mean: torch.Tensor, scale: float) -> None:
+        """Trained on (x - mean) / scale; afterwards encode raw x exactly the same way:
+        pre = (x - (mean + scale b_dec)) (W_enc / scale) + b_enc, x_hat = f (scale W_dec)
+        + (mean + scale b_dec)."""
+        self.b_dec.copy_(mean + scale * self.b_dec)
+        self.W_enc.div_(scale)
+        self.W_dec.mul_(scale)

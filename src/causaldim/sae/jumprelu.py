@@ -1,0 +1,74 @@
+"""JumpReLU SAE (Rajamanoharan et al. 2024): f = pre * [pre > theta] with a learned
+per-feature threshold, trained through straight-through estimators with a rectangle
+kernel, and an L0 penalty."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .base import SAE, SAEConfig
+
+
+def _kernel(x: torch.Tensor) -> torch.Tensor:
+    return ((x > -0.5) & (x < 0.5)).to(x.dtype)
+
+
+class _JumpReLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, pre, theta, bandwidth):
+        ctx.save_for_backward(pre, theta)
+        ctx.bandwidth = bandwidth
+        return pre * (pre > theta)
+
+    @staticmethod
+    def backward(ctx, grad):
+        pre, theta = ctx.saved_tensors
+        eps = ctx.bandwidth
+        d_pre = grad * (pre > theta)
+        d_theta = -(theta / eps) * _kernel((pre - theta) / eps) * grad
+        return d_pre, d_theta.sum(0), None
+
+
+class _Step(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, pre, theta, bandwidth):
+        ctx.save_for_backward(pre, theta)
+        ctx.bandwidth = bandwidth
+        return (pre > theta).to(pre.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        pre, theta = ctx.saved_tensors
+        eps = ctx.bandwidth
+        d_theta = -(1.0 / eps) * _kernel((pre - theta) / eps) * grad
+        return None, d_theta.sum(0), None
+
+
+class JumpReLUSAE(SAE):
+    architecture = "jumprelu"
+
+    def __init__(self, cfg: SAEConfig):
+        super().__init__(cfg)
+        self.log_threshold = nn.Parameter(torch.full((cfg.width,), math.log(cfg.init_threshold)))
+
+    @property
+    def threshold(self) -> torch.Tensor:
+        return self.log_threshold.exp()
+
+    def activate(self, pre: torch.Tensor) -> torch.Tensor:
+        return _JumpReLU.apply(pre, self.threshold, self.cfg.bandwidth)
+
+    def sparsity_loss(self, pre: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        return _Step.apply(pre, self.threshold, self.cfg.bandwidth).sum(-1).mean()
+
+    @torch.no_grad()
+    def calibrate(self, pre: torch.Tensor, target_l0: float) -> None:
+        self.log_threshold.copy_(self._firing_cut(pre, target_l0).clamp_min(1e-4).log())
+
+    def reset(self, generator=None) -> None:
+        super().reset(generator)
+        with torch.no_grad():
+            self.log_threshold.fill_(math.log(self.cfg.init_threshold))

@@ -1,0 +1,21 @@
+"""ReLU SAE with an L1 penalty weighted by decoder-row norm (Anthropic, April 2024)."""
+
+from __future__ import annotations
+
+import torch
+
+from .base import SAE
+
+
+class ReLUSAE(SAE):
+    architecture = "relu"
+
+    def activate(self, pre: torch.Tensor) -> torch.Tensor:
+        return pre.relu()
+
+    @torch.no_grad()
+    def calibrate(self, pre: torch.Tensor, target_l0: float) -> None:
+        self.b_enc.sub_(self._firing_cut(pre, target_l0))
+
+    def sparsity_loss(self, pre: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        return (f * self.W_dec.norm(dim=1)).sum(-1).mean()

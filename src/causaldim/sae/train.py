@@ -1,0 +1,141 @@
+"""Training one SAE from a stream of activations, with matched L0.
+
+TopK reaches its L0 by construction; JumpReLU and ReLU reach a target L0 by a
+multiplicative controller on their sparsity coefficient. Inputs are normalised to zero
+mean and E||x||^2 = d while training (the normalisation is folded into the weights at
+the end). Dead features (no firing for `dead_tokens` tokens) are counted; for TopK the
+AuxK loss revives them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from typing import NamedTuple
+
+import torch
+
+from .base import SAE
+from .topk import TopKSAE
+
+
+@dataclass
+class TrainSettings:
+    lr: float = 4e-4
+    epochs: int = 1
+    target_l0: float = 32.0
+    init_coef: float = 1e-3  # starting sparsity coefficient (JumpReLU, ReLU)
+    controller_rate: float = 0.05  # per-step log change of the coefficient per unit log L0 error
+    dead_tokens: int = 200_000
+    aux_k: int = 256
+    aux_coef: float = 1 / 32
+    decay_fraction: float = 0.2  # the learning rate falls linearly to 0 over this tail
+    seed: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class TrainStats(NamedTuple):
+    steps: int
+    tokens: int
+    final_mse: float  # normalised units, per token
+    final_l0: float  # mean over the last steps
+    sparsity_coef: float
+    dead_fraction: float
+    history: list[dict]
+
+
+class Normalizer(NamedTuple):
+    mean: torch.Tensor
+    scale: float
+
+    @classmethod
+    def fit(cls, x: torch.Tensor) -> Normalizer:
+        mean = x.mean(0)
+        scale = float(((x - mean).pow(2).sum(-1).mean() / x.shape[1]).sqrt())
+        return cls(mean, scale)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) / self.scale
+
+
+def train_sae(
+    sae: SAE,
+    batches: Callable[[], Iterable[torch.Tensor]],
+    settings: TrainSettings,
+    total_steps: int,
+    normalizer: Normalizer,
+) -> TrainStats:
+    """Train in place on normalised batches; fold the normalisation in at the end."""
+    gen = torch.Generator().manual_seed(settings.seed)
+    sae.reset(gen)
+    opt = torch.optim.Adam(sae.parameters(), lr=settings.lr, betas=(0.9, 0.999))
+    decay_start = int(total_steps * (1 - settings.decay_fraction))
+    coef = settings.init_coef
+    since_fired = torch.zeros(sae.cfg.width, dtype=torch.long)
+    is_topk = isinstance(sae, TopKSAE)
+    step, tokens, history, recent = 0, 0, [], []
+    first = True
+    for _ in range(settings.epochs):
+        for raw in batches():
+            x = normalizer(raw)
+            if first:  # b_dec starts at the data's centre, sparsity at the target
+                with torch.no_grad():
+                    sae.b_dec.copy_(x.mean(0))
+                    sae.calibrate(sae.pre_acts(x), settings.target_l0)
+                first = False
+            lr = settings.lr * min(1.0, (total_steps - step) / max(1, total_steps - decay_start))
+            for group in opt.param_groups:
+                group["lr"] = lr
+            pre = sae.pre_acts(x)
+            f = sae.activate(pre)
+            x_hat = sae.decode(f)
+            mse = (x_hat - x).pow(2).sum(-1).mean()
+            mse_value = mse.item()
+            loss = mse
+            fired = (f > 0).any(0)
+            since_fired += len(x)
+            since_fired[fired] = 0
+            dead = since_fired > settings.dead_tokens
+            if is_topk:
+                k_aux = min(settings.aux_k, sae.cfg.width)
+                loss = loss + settings.aux_coef * sae.aux_loss(x, x_hat, pre, dead, k_aux)
+            else:
+                loss = loss + coef * sae.sparsity_loss(pre, f)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            sae.remove_parallel_grad()
+            opt.step()
+            sae.normalize_decoder()
+
+            l0 = float((f > 0).sum(-1).float().mean())
+            if not is_topk:  # integral control of the coefficient toward the target L0
+                error = math.log(max(l0, 1e-3) / settings.target_l0)
+                coef *= math.exp(settings.controller_rate * max(-1.0, min(1.0, error)))
+            step += 1
+            tokens += len(x)
+            recent = (recent + [(mse_value, l0)])[-20:]
+            if step % 25 == 0 or step == 1:
+                history.append(
+                    {
+                        "step": step,
+                        "mse": mse_value,
+                        "l0": l0,
+                        "coef": coef,
+                        "dead": int(dead.sum()),
+                    }
+                )
+    with torch.no_grad():
+        sae.fold_normalization(normalizer.mean, normalizer.scale)
+    n = max(1, len(recent))
+    return TrainStats(
+        step,
+        tokens,
+        sum(r[0] for r in recent) / n,
+        sum(r[1] for r in recent) / n,
+        coef,
+        float((since_fired > settings.dead_tokens).float().mean()),
+        history,
+    )
