@@ -1,0 +1,182 @@
+"""SAE files: our own folder (safetensors + JSON), SAELens folders both ways, Gemma Scope
+`params.npz` and sparsify folders in. Nothing is unpickled: safetensors, JSON, and npz
+with allow_pickle=False only.
+
+Our folder: `sae.safetensors` (W_enc [d, m], b_enc [m], W_dec [m, d], b_dec [d], and
+`threshold` [m] for JumpReLU) and `cfg.json` ({"format": ..., "sae": SAEConfig, ...}).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..errors import UsageError
+from . import SAE, SAEConfig, build
+
+FORMAT = "causaldim-sae/1"
+WEIGHTS, CONFIG = "sae.safetensors", "cfg.json"
+_SAELENS_ARCH = {"topk": "topk", "jumprelu": "jumprelu", "relu": "standard"}
+
+
+def _tensors(sae: SAE) -> dict[str, torch.Tensor]:
+    out = {n: getattr(sae, n).detach().contiguous() for n in ("W_enc", "b_enc", "W_dec", "b_dec")}
+    if sae.architecture == "jumprelu":
+        out["threshold"] = sae.threshold.detach().contiguous()
+    return out
+
+
+def _from_tensors(cfg: SAEConfig, t: dict[str, torch.Tensor]) -> SAE:
+    sae = build(cfg)
+    with torch.no_grad():
+        for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
+            getattr(sae, name).copy_(t[name].float())
+        if cfg.architecture == "jumprelu":
+            sae.log_threshold.copy_(t["threshold"].float().clamp_min(1e-12).log())
+    return sae.requires_grad_(False)
+
+
+def _write_folder(folder: Path, files: dict[str, callable]) -> Path:
+    """Write a folder atomically: fill a temp sibling, then rename it into place."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
+    try:
+        for name, write in files.items():
+            write(tmp / name)
+        if folder.exists():
+            shutil.rmtree(folder)
+        tmp.rename(folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return folder
+
+
+def save(sae: SAE, folder: Path, extra: dict | None = None) -> Path:
+    meta = {"format": FORMAT, "sae": sae.cfg.to_dict(), **(extra or {})}
+    return _write_folder(
+        folder,
+        {
+            WEIGHTS: lambda p: save_file(_tensors(sae), p),
+            CONFIG: lambda p: p.write_text(json.dumps(meta, indent=2) + "\n"),
+        },
+    )
+
+
+def read_meta(folder: Path) -> dict:
+    meta = json.loads((Path(folder) / CONFIG).read_text())
+    if meta.get("format") != FORMAT:
+        raise UsageError(f"{folder} is not a causaldim SAE folder ({CONFIG} has no {FORMAT})")
+    return meta
+
+
+def load(folder: Path) -> SAE:
+    folder = Path(folder)
+    meta = read_meta(folder)
+    return _from_tensors(SAEConfig(**meta["sae"]), load_file(folder / WEIGHTS))
+
+
+# ------------------------------------------------------------------------------- SAELens
+
+
+def export_saelens(sae: SAE, folder: Path, hook_name: str = "", model_name: str = "") -> Path:
+    """A folder SAELens' `SAE.load_from_disk` reads: cfg.json + sae_weights.safetensors."""
+    cfg = {
+        "architecture": _SAELENS_ARCH[sae.architecture],
+        "d_in": sae.cfg.d_in,
+        "d_sae": sae.cfg.width,
+        "dtype": "float32",
+        "device": "cpu",
+        "apply_b_dec_to_input": True,
+        "normalize_activations": "none",
+        "reshape_activations": "none",
+        "metadata": {"model_name": model_name, "hook_name": hook_name},
+    }
+    if sae.architecture == "topk":
+        cfg["k"] = sae.cfg.k
+    return _write_folder(
+        folder,
+        {
+            "sae_weights.safetensors": lambda p: save_file(_tensors(sae), p),
+            "cfg.json": lambda p: p.write_text(json.dumps(cfg, indent=2) + "\n"),
+        },
+    )
+
+
+def import_saelens(folder: Path) -> SAE:
+    folder = Path(folder)
+    cfg = json.loads((folder / "cfg.json").read_text())
+    arch = {v: k for k, v in _SAELENS_ARCH.items()}.get(cfg.get("architecture", "standard"))
+    if arch is None:
+        raise UsageError(
+            f"{folder}: SAELens architecture {cfg['architecture']!r} is not supported "
+            f"(supported: {', '.join(_SAELENS_ARCH.values())})"
+        )
+    if cfg.get("normalize_activations", "none") not in ("none", None):
+        raise UsageError(
+            f"{folder}: normalize_activations={cfg['normalize_activations']!r} is not "
+            "supported; export the SAE with normalisation folded into its weights"
+        )
+    t = load_file(folder / "sae_weights.safetensors")
+    if not cfg.get("apply_b_dec_to_input", True):
+        t["b_enc"] = t["b_enc"] + t["b_dec"] @ t["W_enc"]  # x W + b == (x - b_dec) W + b'
+    width = int(cfg.get("d_sae", t["W_enc"].shape[1]))
+    return _from_tensors(SAEConfig(arch, int(cfg["d_in"]), width, k=cfg.get("k")), t)
+
+
+# ----------------------------------------------------------------------------- Gemma Scope
+
+
+def import_gemma_scope(path: Path) -> SAE:
+    """A Gemma Scope `params.npz` (W_enc, W_dec, b_enc, b_dec, threshold): JumpReLU with
+    pre = x W_enc + b_enc (no b_dec subtracted), f = pre * [pre > threshold]."""
+    with np.load(path, allow_pickle=False) as z:
+        t = {k: torch.from_numpy(np.asarray(z[k], dtype=np.float32)) for k in z.files}
+    missing = {"W_enc", "W_dec", "b_enc", "b_dec", "threshold"} - set(t)
+    if missing:
+        raise UsageError(f"{path} is not a Gemma Scope params.npz (missing {sorted(missing)})")
+    t["b_enc"] = t["b_enc"] + t["b_dec"] @ t["W_enc"]
+    d, m = t["W_enc"].shape
+    return _from_tensors(SAEConfig("jumprelu", d, m), t)
+
+
+# -------------------------------------------------------------------------------- sparsify
+
+
+def import_sparsify(folder: Path) -> SAE:
+    """A sparsify folder (cfg.json + sae.safetensors with encoder.weight [m, d],
+    encoder.bias, W_dec, b_dec): TopK on (x - b_dec) encoder^T + bias."""
+    folder = Path(folder)
+    cfg = json.loads((folder / "cfg.json").read_text())
+    raw = load_file(folder / "sae.safetensors")
+    t = {
+        "W_enc": raw["encoder.weight"].T.contiguous(),
+        "b_enc": raw["encoder.bias"],
+        "W_dec": raw["W_dec"],
+        "b_dec": raw["b_dec"],
+    }
+    d, m = t["W_enc"].shape
+    return _from_tensors(SAEConfig("topk", int(cfg.get("d_in", d)), m, k=int(cfg["k"])), t)
+
+
+def load_any(path: Path) -> SAE:
+    """Our folder, a SAELens or sparsify folder, or a Gemma Scope params.npz."""
+    path = Path(path)
+    if path.suffix == ".npz":
+        return import_gemma_scope(path)
+    if (path / WEIGHTS).is_file() and (path / CONFIG).is_file():
+        meta = json.loads((path / CONFIG).read_text())
+        return load(path) if meta.get("format") == FORMAT else import_sparsify(path)
+    if (path / "sae_weights.safetensors").is_file():
+        return import_saelens(path)
+    raise UsageError(
+        f"{path} is no SAE this tool reads: expected a causaldim, SAELens or sparsify "
+        "folder, or a Gemma Scope params.npz"
+    )

@@ -1,0 +1,101 @@
+"""SAE files: our format, SAELens both ways, Gemma Scope and sparsify in."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from causaldim.errors import UsageError
+from causaldim.sae import SAEConfig, build
+from causaldim.sae.formats import (
+    export_saelens,
+    import_gemma_scope,
+    import_saelens,
+    load,
+    load_any,
+    save,
+)
+
+D, M = 16, 40
+
+
+def trained_like(arch: str):
+    sae = build(SAEConfig(arch, D, M, k=4 if arch == "topk" else None))
+    sae.reset(torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        sae.b_enc.normal_(0, 0.1)
+        sae.b_dec.normal_(0, 0.5)
+        if arch == "jumprelu":
+            sae.log_threshold.copy_(torch.rand(M).mul(0.3).add(0.05).log())
+    return sae
+
+
+@pytest.mark.parametrize("arch", ["topk", "jumprelu", "relu"])
+def test_ours_to_saelens_to_ours_gives_identical_encodings(tmp_path, arch):
+    sae = trained_like(arch)
+    x = torch.randn(200, D)
+    save(sae, tmp_path / "ours", {"note": "kept"})
+    ours = load(tmp_path / "ours")
+    export_saelens(ours, tmp_path / "saelens", hook_name="model.layers.1")
+    cfg = json.loads((tmp_path / "saelens" / "cfg.json").read_text())
+    assert cfg["d_sae"] == M and cfg["architecture"] in ("topk", "jumprelu", "standard")
+    back = import_saelens(tmp_path / "saelens")
+    for other in (ours, back, load_any(tmp_path / "saelens"), load_any(tmp_path / "ours")):
+        assert torch.equal(other.encode(x), sae.encode(x))
+        assert torch.equal(other.decode(other.encode(x)), sae.decode(sae.encode(x)))
+    assert (sae.encode(x) > 0).any()
+
+
+def test_gemma_scope_params_encode_as_jumprelu_defines(tmp_path):
+    gen = np.random.default_rng(0)
+    p = {
+        "W_enc": gen.normal(size=(D, M)).astype(np.float32),
+        "W_dec": gen.normal(size=(M, D)).astype(np.float32),
+        "b_enc": gen.normal(size=M).astype(np.float32),
+        "b_dec": gen.normal(size=D).astype(np.float32),
+        "threshold": gen.uniform(0.1, 1.0, size=M).astype(np.float32),
+    }
+    np.savez(tmp_path / "params.npz", **p)
+    sae = import_gemma_scope(tmp_path / "params.npz")
+    x = gen.normal(size=(100, D)).astype(np.float32)
+    pre = x @ p["W_enc"] + p["b_enc"]  # Gemma Scope's own definition
+    expected = (pre > p["threshold"]) * np.maximum(pre, 0)
+    got = load_any(tmp_path / "params.npz").encode(torch.from_numpy(x)).numpy()
+    assert np.allclose(sae.encode(torch.from_numpy(x)).numpy(), expected, atol=1e-4)
+    assert np.allclose(got, expected, atol=1e-4)
+    recon = expected @ p["W_dec"] + p["b_dec"]
+    assert np.allclose(sae.decode(torch.from_numpy(expected)).numpy(), recon, atol=1e-4)
+
+
+def test_pickled_npz_is_refused(tmp_path):
+    np.savez(tmp_path / "params.npz", W_enc=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(ValueError, match="allow_pickle"):
+        import_gemma_scope(tmp_path / "params.npz")
+
+
+def test_sparsify_folder_loads_as_topk(tmp_path):
+    gen = torch.Generator().manual_seed(0)
+    enc, bias = torch.randn(M, D, generator=gen), torch.randn(M, generator=gen)
+    w_dec, b_dec = torch.randn(M, D, generator=gen), torch.randn(D, generator=gen)
+    folder = tmp_path / "layers.1"
+    folder.mkdir()
+    save_file(
+        {"encoder.weight": enc, "encoder.bias": bias, "W_dec": w_dec, "b_dec": b_dec},
+        folder / "sae.safetensors",
+    )
+    (folder / "cfg.json").write_text(json.dumps({"d_in": D, "num_latents": M, "k": 5}))
+    sae = load_any(folder)
+    x = torch.randn(50, D, generator=gen)
+    pre = ((x - b_dec) @ enc.T + bias).relu()  # sparsify's encoder
+    vals, idx = pre.topk(5, dim=-1)
+    expected = torch.zeros_like(pre).scatter_(-1, idx, vals)
+    assert torch.allclose(sae.encode(x), expected, atol=1e-5)
+
+
+def test_unknown_folder_is_named(tmp_path):
+    with pytest.raises(UsageError, match="no SAE this tool reads"):
+        load_any(tmp_path)
