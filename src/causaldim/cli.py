@@ -11,7 +11,7 @@ import typing
 from pathlib import Path
 
 from . import __version__
-from .config import HarvestConfig, SigmaConfig
+from .config import HarvestConfig, SigmaConfig, SweepConfig
 from .errors import UsageError
 
 
@@ -23,7 +23,20 @@ def _add_config_args(parser: argparse.ArgumentParser, cls) -> None:
         kind = hints[f.name]
         if isinstance(kind, types.UnionType):  # "int | None"
             kind = next(a for a in typing.get_args(kind) if a is not type(None))
-        help_text = f"{f.metadata.get('help', '')} (default: {f.default})"
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        help_text = f"{f.metadata.get('help', '')} (default: {default})".replace("%", "%%")
+        if typing.get_origin(kind) is list:
+            (item,) = typing.get_args(kind)
+            parser.add_argument(
+                flag,
+                type=item,
+                nargs="+",
+                default=default,
+                help=help_text,
+                choices=f.metadata.get("choices"),
+                metavar=f.name.upper(),
+            )
+            continue
         if kind is bool:
             parser.add_argument(
                 flag,
@@ -74,6 +87,17 @@ def _parser() -> argparse.ArgumentParser:
     _add_config_args(p, SigmaConfig)
     p.set_defaults(func=_cmd_run)
 
+    p = sub.add_parser(
+        "train",
+        help="Train the SAE width sweep from the store (harvesting it first if needed).",
+        description="One SAE per (architecture, width), trained on the train split with "
+        "outliers left out, evaluated on the eval split, saved under OUT/saes/. Finished "
+        "SAEs are skipped on a re-run.",
+    )
+    _add_config_args(p, HarvestConfig)
+    _add_config_args(p, SweepConfig)
+    p.set_defaults(func=_cmd_train)
+
     p = sub.add_parser("report", help="Re-render the figures of a results.json.")
     p.add_argument("results", type=Path, help="Path of a results.json written by `run`.")
     p.set_defaults(func=_cmd_report)
@@ -105,6 +129,27 @@ def _cmd_run(args) -> int:
     print(f"results: {path}")
     for fig in figures:
         print(f"figure: {fig}")
+    return 0
+
+
+def _cmd_train(args) -> int:
+    from .harvest import harvest, plan
+    from .sae.sweep import run_sweep
+
+    cfg, sweep_cfg = _config(args, HarvestConfig), _config(args, SweepConfig)
+    sweep_cfg.check()
+    the_plan = plan(cfg)
+    store = harvest(cfg, progress=not args.quiet, the_plan=the_plan).store
+    entries = run_sweep(store, Path(cfg.out), sweep_cfg, cfg.seed, progress=not args.quiet)
+    print(f"{'SAE':<16} {'L0':>7} {'FVE':>7} {'alive':>7} {'dead %':>7} {'seconds':>8}")
+    for e in entries:
+        ev = e.meta["eval"]
+        seconds = e.meta["train_stats"]["seconds"]
+        print(
+            f"{e.architecture + '-' + str(e.width):<16} {ev['l0']:7.1f} "
+            f"{ev['fraction_variance_explained']:7.3f} {ev['alive']:7d} "
+            f"{100 * ev['dead_fraction']:7.1f} {seconds:8.1f}{'  (reused)' if e.reused else ''}"
+        )
     return 0
 
 

@@ -140,3 +140,47 @@ class SigmaConfig:
 
 def _flag(name: str) -> str:
     return name.replace("_", "-")
+
+
+ARCHITECTURES = ("topk", "jumprelu", "relu")
+
+
+@dataclass
+class SweepConfig:
+    """The SAE width sweep: which SAEs, and how they are trained."""
+
+    widths: list[int] = field(
+        default_factory=lambda: [256, 512, 1024, 2048, 4096],
+        metadata={"help": "SAE widths, increasing (the smallest is the reference width)."},
+    )
+    architectures: list[str] = field(
+        default_factory=lambda: ["topk"],
+        metadata={
+            "help": "Architectures to train: topk, jumprelu, relu.",
+            "choices": ARCHITECTURES,
+        },
+    )
+    k: int = _opt(32, "TopK's k, and the target L0 of JumpReLU and ReLU (matched L0).")
+    epochs: int = _opt(3, "Passes over the train split per SAE.")
+    lr: float = _opt(4e-4, "Adam learning rate (falls linearly to 0 over the last 20%).")
+    batch_tokens: int = _opt(4096, "Tokens per training step.")
+    dead_tokens: int = _opt(200_000, "A feature silent for this many tokens counts as dead.")
+
+    def check(self) -> None:
+        if not self.widths or any(w <= 0 for w in self.widths):
+            raise UsageError("--widths must be positive integers")
+        if sorted(set(self.widths)) != list(self.widths):
+            raise UsageError(f"--widths must be strictly increasing, got {self.widths}")
+        bad = [a for a in self.architectures if a not in ARCHITECTURES]
+        if bad or not self.architectures:
+            raise UsageError(f"--architectures must be among {', '.join(ARCHITECTURES)}")
+        if self.k <= 0 or self.k > self.widths[0]:
+            raise UsageError(f"--k must lie in 1..{self.widths[0]} (the smallest width)")
+        for name in ("epochs", "batch_tokens", "dead_tokens"):
+            if getattr(self, name) <= 0:
+                raise UsageError(f"--{_flag(name)} must be positive")
+        if self.lr <= 0:
+            raise UsageError("--lr must be positive")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)

@@ -1,0 +1,140 @@
+"""A sweep of SAEs, one per (architecture, width), trained from one store's train split
+and evaluated on its eval split. Each finished SAE is written atomically and skipped when
+a re-run finds it complete for the same store and settings."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from tqdm.auto import tqdm
+
+from ..config import SweepConfig
+from ..store import Store
+from . import SAE, SAEConfig, build
+from .formats import CONFIG, load, read_meta, save
+from .train import Normalizer, TrainSettings, train_sae
+
+
+class SweepEntry(NamedTuple):
+    architecture: str
+    width: int
+    folder: Path
+    reused: bool
+    meta: dict  # what cfg.json holds: training stats and evaluation
+
+
+def store_fingerprint(store: Store) -> str:
+    return hashlib.sha256(json.dumps(store.manifest["key"], sort_keys=True).encode()).hexdigest()
+
+
+def fit_normalizer(store: Store, max_tokens: int = 65_536) -> Normalizer:
+    rows, n = [], 0
+    for batch in store.batches("train", ("h",), 8192):
+        rows.append(batch["h"])
+        n += len(batch["h"])
+        if n >= max_tokens:
+            break
+    return Normalizer.fit(torch.cat(rows)[:max_tokens])
+
+
+@torch.no_grad()
+def evaluate(sae: SAE, store: Store, batch_tokens: int = 4096) -> dict:
+    """Fraction of variance explained, L0, alive and dead features, density histogram,
+    on the eval split with outliers left out."""
+    fired = torch.zeros(sae.cfg.width, dtype=torch.long)
+    sq_err, l0_sum, n = 0.0, 0.0, 0
+    s1 = torch.zeros(sae.cfg.d_in, dtype=torch.float64)
+    s2 = 0.0
+    for batch in store.batches("eval", ("h",), batch_tokens):
+        x = batch["h"]
+        f = sae.encode(x)
+        active = f > 0
+        fired += active.sum(0)
+        l0_sum += float(active.sum())
+        sq_err += float((sae.decode(f) - x).pow(2).sum())
+        s1 += x.double().sum(0)
+        s2 += float(x.double().pow(2).sum())
+        n += len(x)
+    total_var = s2 - float(s1 @ s1) / n
+    freq = fired.double() / n
+    alive = int((fired > 0).sum())
+    edges = list(range(-7, 1))
+    log_freq = freq[freq > 0].log10()
+    hist = torch.histc(log_freq.float(), bins=len(edges) - 1, min=edges[0], max=edges[-1])
+    return {
+        "n_tokens": n,
+        "fraction_variance_explained": 1 - sq_err / total_var,
+        "l0": l0_sum / n,
+        "alive": alive,
+        "dead": sae.cfg.width - alive,
+        "dead_fraction": 1 - alive / sae.cfg.width,
+        "density_histogram": {"log10_edges": edges, "counts": [int(c) for c in hist]},
+    }
+
+
+def _settings(cfg: SweepConfig, seed: int) -> TrainSettings:
+    return TrainSettings(
+        lr=cfg.lr,
+        epochs=cfg.epochs,
+        target_l0=float(cfg.k),
+        dead_tokens=cfg.dead_tokens,
+        seed=seed,
+    )
+
+
+def run_sweep(
+    store: Store, out: Path, cfg: SweepConfig, seed: int = 0, progress: bool = True
+) -> list[SweepEntry]:
+    """Train (or reuse) every (architecture, width) SAE of the sweep; returns entries."""
+    out = Path(out)
+    fingerprint = store_fingerprint(store)
+    settings = _settings(cfg, seed)
+    normalizer = None
+    n_train = store.n_tokens("train", drop_outliers=True)
+    steps = cfg.epochs * math.ceil(n_train / cfg.batch_tokens)
+    entries = []
+    jobs = [(a, w) for a in cfg.architectures for w in cfg.widths]
+    for arch, width in tqdm(jobs, desc="SAE sweep", disable=not progress):
+        folder = out / "saes" / f"{arch}-w{width}"
+        request = {
+            "store": fingerprint,
+            "train": settings.to_dict(),
+            "batch_tokens": cfg.batch_tokens,
+            "architecture": arch,
+            "width": width,
+            "k": cfg.k,
+        }
+        if (folder / CONFIG).is_file():
+            meta = read_meta(folder)
+            if meta.get("request") == request:
+                entries.append(SweepEntry(arch, width, folder, True, meta))
+                continue
+        normalizer = normalizer or fit_normalizer(store)
+        sae = build(SAEConfig(arch, store.d_model, width, k=cfg.k if arch == "topk" else None))
+
+        def batches():
+            for b in store.batches("train", ("h",), cfg.batch_tokens):
+                yield b["h"]
+
+        t = time.perf_counter()
+        stats = train_sae(sae, batches, settings, steps, normalizer)
+        seconds = time.perf_counter() - t
+        meta = {
+            "request": request,
+            "train_stats": {**stats._asdict(), "seconds": seconds},
+            "normalizer": {"scale": normalizer.scale},
+            "eval": evaluate(sae.requires_grad_(False), store),
+        }
+        save(sae, folder, meta)
+        entries.append(SweepEntry(arch, width, folder, False, read_meta(folder)))
+    return entries
+
+
+def load_entry(entry: SweepEntry) -> SAE:
+    return load(entry.folder)

@@ -1,0 +1,102 @@
+"""The sweep from a store: training, evaluation, atomic saves, resume."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from causaldim.config import HarvestConfig, SweepConfig
+from causaldim.errors import UsageError
+from causaldim.harvest import harvest
+from causaldim.sae import sweep as sweep_mod
+from causaldim.sae.sweep import evaluate, load_entry, run_sweep
+
+
+@pytest.fixture
+def store(tmp_path, tiny_model, text_corpus):
+    cfg = HarvestConfig(
+        model=tiny_model("llama"),
+        corpus=str(text_corpus),
+        tokens=4096,
+        seq_len=32,
+        logit_probes=0,
+        fisher_probes=0,
+        out=str(tmp_path / "run"),
+    )
+    return harvest(cfg, progress=False).store
+
+
+SWEEP = SweepConfig(
+    widths=[16, 32, 64], architectures=["topk", "relu"], k=4, epochs=2, batch_tokens=256, lr=3e-3
+)
+
+
+def test_sweep_trains_saves_evaluates_and_is_reused(tmp_path, store, monkeypatch):
+    entries = run_sweep(store, tmp_path / "run", SWEEP, progress=False)
+    assert [(e.architecture, e.width) for e in entries] == [
+        (a, w) for a in ("topk", "relu") for w in (16, 32, 64)
+    ]
+    for e in entries:
+        ev = e.meta["eval"]
+        assert not e.reused and (e.folder / "sae.safetensors").is_file()
+        assert 0 < ev["fraction_variance_explained"] <= 1
+        assert ev["alive"] + ev["dead"] == e.width
+        if e.architecture == "topk":
+            assert ev["l0"] <= 4 + 1e-6
+    topk64 = load_entry(entries[2])
+    # The stored evaluation is what a direct computation on the eval split gives.
+    xs = torch.cat([b["h"] for b in store.batches("eval", ("h",), 10_000)])
+    recon = topk64.decode(topk64.encode(xs))
+    fve = 1 - float((recon - xs).pow(2).sum() / (xs - xs.mean(0)).pow(2).sum())
+    assert abs(fve - entries[2].meta["eval"]["fraction_variance_explained"]) < 1e-4
+    assert evaluate(topk64, store)["l0"] == pytest.approx(entries[2].meta["eval"]["l0"])
+
+    def no_training(*a, **k):
+        raise AssertionError("a finished SAE was trained again")
+
+    monkeypatch.setattr(sweep_mod, "train_sae", no_training)
+    again = run_sweep(store, tmp_path / "run", SWEEP, progress=False)
+    assert all(e.reused for e in again)
+
+
+def test_killed_sweep_resumes_without_retraining_finished_widths(tmp_path, store, monkeypatch):
+    real = sweep_mod.train_sae
+    calls = []
+
+    def dies_on_third(sae, *a, **k):
+        calls.append(sae.cfg.width)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # as if the process were killed mid-SAE
+        return real(sae, *a, **k)
+
+    monkeypatch.setattr(sweep_mod, "train_sae", dies_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(store, tmp_path / "run", SWEEP, progress=False)
+    saes = tmp_path / "run" / "saes"
+    assert sorted(p.name for p in saes.iterdir() if not p.name.startswith(".")) == [
+        "topk-w16",
+        "topk-w32",
+    ]
+    calls.clear()
+    monkeypatch.setattr(
+        sweep_mod,
+        "train_sae",
+        lambda sae, *a, **k: (calls.append(sae.cfg.width), real(sae, *a, **k))[1],
+    )
+    entries = run_sweep(store, tmp_path / "run", SWEEP, progress=False)
+    assert calls == [64, 16, 32, 64]  # topk-16 and topk-32 were not trained again
+    assert [e.reused for e in entries] == [True, True, False, False, False, False]
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"widths": [64, 32]}, "strictly increasing"),
+        ({"architectures": ["gated"]}, "among"),
+        ({"k": 100}, "--k must lie"),
+        ({"epochs": 0}, "--epochs"),
+    ],
+)
+def test_bad_sweep_settings(changes, message):
+    with pytest.raises(UsageError, match=message):
+        SweepConfig(**{**SWEEP.to_dict(), **changes}).check()
