@@ -161,9 +161,9 @@ class SweepConfig:
         },
     )
     k: int = _opt(32, "TopK's k, and the target L0 of JumpReLU and ReLU (matched L0).")
-    epochs: int = _opt(3, "Passes over the train split per SAE.")
-    lr: float = _opt(4e-4, "Adam learning rate (falls linearly to 0 over the last 20%).")
-    batch_tokens: int = _opt(4096, "Tokens per training step.")
+    epochs: int = _opt(4, "Passes over the train split per SAE.")
+    lr: float = _opt(1e-3, "Adam learning rate (falls linearly to 0 over the last 20%).")
+    batch_tokens: int = _opt(1024, "Tokens per training step.")
     dead_tokens: int = _opt(200_000, "A feature silent for this many tokens counts as dead.")
 
     def check(self) -> None:

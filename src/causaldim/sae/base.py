@@ -31,6 +31,7 @@ class SAE(nn.Module):
     """Base class; subclasses define `activate(pre)` and `sparsity_loss(pre, f)`."""
 
     architecture = "base"
+    init_sparsity_coef = 0.0  # where the L0 controller starts (normalised units)
 
     def __init__(self, cfg: SAEConfig):
         super().__init__()
@@ -68,6 +69,10 @@ class SAE(nn.Module):
     @torch.no_grad()
     def calibrate(self, pre: torch.Tensor, target_l0: float) -> None:
         """Start at the target L0 on the first batch (no-op where L0 is fixed)."""
+
+    @torch.no_grad()
+    def shift_sparsity(self, delta: float) -> None:
+        """Raise every feature's firing bar by delta (no-op where L0 is fixed)."""
 
     @staticmethod
     def _firing_cut(pre: torch.Tensor, target_l0: float) -> torch.Tensor:

@@ -49,6 +49,7 @@ class _Step(torch.autograd.Function):
 
 class JumpReLUSAE(SAE):
     architecture = "jumprelu"
+    init_sparsity_coef = 1e-3  # thresholds start calibrated; the penalty only holds them
 
     def __init__(self, cfg: SAEConfig):
         super().__init__(cfg)
@@ -67,6 +68,10 @@ class JumpReLUSAE(SAE):
     @torch.no_grad()
     def calibrate(self, pre: torch.Tensor, target_l0: float) -> None:
         self.log_threshold.copy_(self._firing_cut(pre, target_l0).clamp_min(1e-4).log())
+
+    @torch.no_grad()
+    def shift_sparsity(self, delta: float) -> None:
+        self.log_threshold.add_(delta)
 
     def reset(self, generator=None) -> None:
         super().reset(generator)

@@ -95,7 +95,7 @@ def run_sweep(
     out = Path(out)
     fingerprint = store_fingerprint(store)
     settings = _settings(cfg, seed)
-    normalizer = None
+    normalizer, held_out = None, None
     n_train = store.n_tokens("train", drop_outliers=True)
     steps = cfg.epochs * math.ceil(n_train / cfg.batch_tokens)
     entries = []
@@ -115,7 +115,10 @@ def run_sweep(
             if meta.get("request") == request:
                 entries.append(SweepEntry(arch, width, folder, True, meta))
                 continue
-        normalizer = normalizer or fit_normalizer(store)
+        if normalizer is None:
+            normalizer = fit_normalizer(store)
+            # Train tokens on which JumpReLU and ReLU get their final exact L0 match.
+            held_out = next(store.batches("train", ("h",), 16_384))["h"]
         sae = build(SAEConfig(arch, store.d_model, width, k=cfg.k if arch == "topk" else None))
 
         def batches():
@@ -123,7 +126,7 @@ def run_sweep(
                 yield b["h"]
 
         t = time.perf_counter()
-        stats = train_sae(sae, batches, settings, steps, normalizer)
+        stats = train_sae(sae, batches, settings, steps, normalizer, held_out)
         seconds = time.perf_counter() - t
         meta = {
             "request": request,

@@ -25,7 +25,7 @@ class TrainSettings:
     lr: float = 4e-4
     epochs: int = 1
     target_l0: float = 32.0
-    init_coef: float = 1e-3  # starting sparsity coefficient (JumpReLU, ReLU)
+    init_coef: float | None = None  # starting sparsity coefficient; None: the architecture's
     controller_rate: float = 0.05  # per-step log change of the coefficient per unit log L0 error
     dead_tokens: int = 200_000
     aux_k: int = 256
@@ -67,13 +67,15 @@ def train_sae(
     settings: TrainSettings,
     total_steps: int,
     normalizer: Normalizer,
+    held_out: torch.Tensor | None = None,
 ) -> TrainStats:
-    """Train in place on normalised batches; fold the normalisation in at the end."""
+    """Train in place on normalised batches; fold the normalisation in at the end. With
+    `held_out` tokens, a final uniform shift of the firing bars matches L0 exactly."""
     gen = torch.Generator().manual_seed(settings.seed)
     sae.reset(gen)
     opt = torch.optim.Adam(sae.parameters(), lr=settings.lr, betas=(0.9, 0.999))
     decay_start = int(total_steps * (1 - settings.decay_fraction))
-    coef = settings.init_coef
+    coef = sae.init_sparsity_coef if settings.init_coef is None else settings.init_coef
     since_fired = torch.zeros(sae.cfg.width, dtype=torch.long)
     is_topk = isinstance(sae, TopKSAE)
     step, tokens, history, recent = 0, 0, [], []
@@ -127,6 +129,8 @@ def train_sae(
                         "dead": int(dead.sum()),
                     }
                 )
+    if not is_topk and held_out is not None:
+        match_l0(sae, normalizer(held_out), settings.target_l0)
     with torch.no_grad():
         sae.fold_normalization(normalizer.mean, normalizer.scale)
     n = max(1, len(recent))
@@ -139,3 +143,27 @@ def train_sae(
         float((since_fired > settings.dead_tokens).float().mean()),
         history,
     )
+
+
+@torch.no_grad()
+def match_l0(sae: SAE, x: torch.Tensor, target: float, iters: int = 40) -> float:
+    """Bisect one shift of every feature's firing bar so that mean L0 on x hits target:
+    the controller gets close during training, this makes the match exact."""
+
+    def l0_at(delta: float) -> float:
+        sae.shift_sparsity(delta)
+        l0 = float((sae.encode(x) > 0).sum(-1).float().mean())
+        sae.shift_sparsity(-delta)
+        return l0
+
+    lo, hi = -1.0, 1.0
+    while l0_at(lo) < target and lo > -64:
+        lo *= 2
+    while l0_at(hi) > target and hi < 64:
+        hi *= 2
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if l0_at(mid) > target else (lo, mid)
+    delta = (lo + hi) / 2
+    sae.shift_sparsity(delta)
+    return delta
