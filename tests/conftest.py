@@ -159,3 +159,24 @@ def tiny_model(tmp_path_factory):
         return made[family]
 
     return build
+
+
+@pytest.fixture
+def harvest_config(tmp_path, tiny_model, text_corpus):
+    """Factory: a small harvest of the tiny Llama on the text corpus, overridable."""
+    from causaldim.config import HarvestConfig
+
+    def make(**overrides) -> HarvestConfig:
+        base = dict(
+            model=tiny_model("llama"),
+            corpus=str(text_corpus),
+            tokens=2048,
+            seq_len=32,
+            batch_size=4,
+            shard_tokens=256,
+            eval_fraction=0.25,
+            out=str(tmp_path / "run"),
+        )
+        return HarvestConfig(**{**base, **overrides})
+
+    return make

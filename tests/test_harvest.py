@@ -7,7 +7,6 @@ import torch
 from reference import reference_grad
 from safetensors import safe_open
 
-from causaldim.config import HarvestConfig
 from causaldim.harvest import harvest, plan, residuals, residuals_and_grads
 from causaldim.models import load_model, resolve_model
 from causaldim.store import Store, StoreError
@@ -39,22 +38,8 @@ def test_stopped_forward_gives_the_full_forward_residual(tiny_model, family):
     assert torch.equal(h, h_ref)
 
 
-def _cfg(tmp_path, tiny_model, text_corpus, **kw):
-    base = dict(
-        model=tiny_model("llama"),
-        corpus=str(text_corpus),
-        tokens=2048,
-        seq_len=32,
-        batch_size=4,
-        shard_tokens=256,
-        eval_fraction=0.25,
-        out=str(tmp_path / "run"),
-    )
-    return HarvestConfig(**{**base, **kw})
-
-
-def test_store_holds_what_the_pass_computed(tmp_path, tiny_model, text_corpus):
-    cfg = _cfg(tmp_path, tiny_model, text_corpus)
+def test_store_holds_what_the_pass_computed(harvest_config):
+    cfg = harvest_config()
     result = harvest(cfg, progress=False)
     store, m = result.store, result.store.manifest
     assert not result.reused
@@ -79,8 +64,8 @@ def test_store_holds_what_the_pass_computed(tmp_path, tiny_model, text_corpus):
     assert first["seq"].tolist() == [i for i in range(4) for _ in range(32)]
 
 
-def test_splits_never_share_a_sequence(tmp_path, tiny_model, text_corpus):
-    store = harvest(_cfg(tmp_path, tiny_model, text_corpus), progress=False).store
+def test_splits_never_share_a_sequence(harvest_config):
+    store = harvest(harvest_config(), progress=False).store
 
     def sequences(split):
         rows = torch.cat([b["token"] for b in store.batches(split, ("token",), 4096, False)])
@@ -89,8 +74,8 @@ def test_splits_never_share_a_sequence(tmp_path, tiny_model, text_corpus):
     assert not sequences("train") & sequences("eval")
 
 
-def test_outliers_are_flagged_and_dropped(tmp_path, tiny_model, text_corpus):
-    store = harvest(_cfg(tmp_path, tiny_model, text_corpus), progress=False).store
+def test_outliers_are_flagged_and_dropped(harvest_config):
+    store = harvest(harvest_config(), progress=False).store
     o = store.manifest["outliers"]
     rows = next(store.shards("eval", ("h", "pos", "outlier")))
     norms = rows["h"].norm(dim=-1)
@@ -102,30 +87,30 @@ def test_outliers_are_flagged_and_dropped(tmp_path, tiny_model, text_corpus):
     assert 0 <= o["variance_share"] <= 1
 
 
-def test_rerun_reuses_and_another_layer_does_not(tmp_path, tiny_model, text_corpus):
-    first = harvest(_cfg(tmp_path, tiny_model, text_corpus), progress=False)
-    again = harvest(_cfg(tmp_path, tiny_model, text_corpus), progress=False)
+def test_rerun_reuses_and_another_layer_does_not(harvest_config):
+    first = harvest(harvest_config(), progress=False)
+    again = harvest(harvest_config(), progress=False)
     assert again.reused and again.store.root == first.store.root
-    other = harvest(_cfg(tmp_path, tiny_model, text_corpus, layer=1), progress=False)
+    other = harvest(harvest_config(layer=1), progress=False)
     assert not other.reused and other.store.root != first.store.root
     assert other.store.manifest["layer"] == 1
 
 
-def test_damaged_store_is_named_not_reused(tmp_path, tiny_model, text_corpus):
-    store = harvest(_cfg(tmp_path, tiny_model, text_corpus), progress=False).store
+def test_damaged_store_is_named_not_reused(harvest_config):
+    store = harvest(harvest_config(), progress=False).store
     shard = store.root / store.manifest["splits"]["train"]["shards"][0]["file"]
     data = bytearray(shard.read_bytes())
     data[-1] ^= 0xFF
     shard.write_bytes(bytes(data))
     with pytest.raises(StoreError, match="does not match its hash"):
-        harvest(_cfg(tmp_path, tiny_model, text_corpus), progress=False)
+        harvest(harvest_config(), progress=False)
 
 
 @pytest.mark.parametrize("store_dtype", ["bfloat16", "float16"])
-def test_low_precision_store_round_trips(tmp_path, tiny_model, text_corpus, store_dtype):
-    full = harvest(_cfg(tmp_path / "a", tiny_model, text_corpus), progress=False).store
+def test_low_precision_store_round_trips(tmp_path, harvest_config, store_dtype):
+    full = harvest(harvest_config(out=str(tmp_path / "a")), progress=False).store
     low = harvest(
-        _cfg(tmp_path / "b", tiny_model, text_corpus, store_dtype=store_dtype), progress=False
+        harvest_config(out=str(tmp_path / "b"), store_dtype=store_dtype), progress=False
     ).store
     a = next(full.batches("eval", ("h", "g"), 512))
     b = next(low.batches("eval", ("h", "g"), 512))
@@ -138,8 +123,8 @@ def test_low_precision_store_round_trips(tmp_path, tiny_model, text_corpus, stor
             assert float(f.metadata()["scale.g"]) > 1.0
 
 
-def test_batches_stream_in_order_with_fixed_size(tmp_path, tiny_model, text_corpus):
-    store = harvest(_cfg(tmp_path, tiny_model, text_corpus), progress=False).store
+def test_batches_stream_in_order_with_fixed_size(harvest_config):
+    store = harvest(harvest_config(), progress=False).store
     sizes = [len(b["h"]) for b in store.batches("train", ("h",), 300)]
     total = store.n_tokens("train", drop_outliers=True)
     assert sum(sizes) == total and all(s == 300 for s in sizes[:-1])

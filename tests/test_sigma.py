@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from causaldim.config import HarvestConfig, SigmaConfig
+from causaldim.config import SigmaConfig
 from causaldim.harvest import (
     fisher_probes_for,
     gaussian_probes,
@@ -169,16 +169,8 @@ def test_probes_match_exact_pullback_with_monte_carlo_error(tiny_exact, reading)
 
 
 @pytest.fixture
-def store(tmp_path, tiny_model, text_corpus):
-    cfg = HarvestConfig(
-        model=tiny_model("llama"),
-        corpus=str(text_corpus),
-        tokens=4096,
-        seq_len=32,
-        logit_probes=2,
-        fisher_probes=1,
-        out=str(tmp_path / "run"),
-    )
+def store(harvest_config):
+    cfg = harvest_config(tokens=4096, eval_fraction=0.125, logit_probes=2, fisher_probes=1)
     return harvest(cfg, progress=False).store
 
 

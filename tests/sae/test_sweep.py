@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from causaldim.config import HarvestConfig, SweepConfig
+from causaldim.config import SweepConfig
 from causaldim.errors import UsageError
 from causaldim.harvest import harvest
 from causaldim.sae import sweep as sweep_mod
@@ -13,16 +13,8 @@ from causaldim.sae.sweep import evaluate, load_entry, run_sweep
 
 
 @pytest.fixture
-def store(tmp_path, tiny_model, text_corpus):
-    cfg = HarvestConfig(
-        model=tiny_model("llama"),
-        corpus=str(text_corpus),
-        tokens=4096,
-        seq_len=32,
-        logit_probes=0,
-        fisher_probes=0,
-        out=str(tmp_path / "run"),
-    )
+def store(harvest_config):
+    cfg = harvest_config(tokens=4096, eval_fraction=0.125, logit_probes=0, fisher_probes=0)
     return harvest(cfg, progress=False).store
 
 
