@@ -177,3 +177,47 @@ def test_help_explains_every_flag(capsys):
     for flag in ("--model", "--layer", "--corpus", "--tokens", "--seq-len", "--out", "--dtype"):
         assert flag in text
     assert "Layer L whose output residual stream" in text
+
+
+def test_train_runs_the_sweep_and_splices_each_sae(tmp_path, tiny_model, text_corpus, capsys):
+    out = tmp_path / "out"
+    args = [
+        "--quiet",
+        "train",
+        "--model",
+        tiny_model("llama"),
+        "--corpus",
+        str(text_corpus),
+        "--tokens",
+        "4096",
+        "--seq-len",
+        "32",
+        "--logit-probes",
+        "0",
+        "--fisher-probes",
+        "0",
+        "--widths",
+        "16",
+        "64",
+        "--architectures",
+        "topk",
+        "jumprelu",
+        "--k",
+        "4",
+        "--epochs",
+        "1",
+        "--batch-tokens",
+        "256",
+        "--ce-sequences",
+        "4",
+        "--out",
+        str(out),
+    ]
+    assert cli.main(args) == 0
+    printed = capsys.readouterr().out
+    assert "topk-w16" in printed and "jumprelu-w64" in printed and "CE rec." in printed
+    spliced = json.loads((out / "saes" / "ce_loss_recovered.json").read_text())
+    assert set(spliced["saes"]) == {"topk-w16", "topk-w64", "jumprelu-w16", "jumprelu-w64"}
+    assert spliced["n_predictions"] == 4 * 30  # position 0 and the last are never scored
+    assert cli.main(args) == 0
+    assert printed.count("(reused)") == 0 and capsys.readouterr().out.count("(reused)") == 4

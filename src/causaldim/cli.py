@@ -141,14 +141,33 @@ def _cmd_train(args) -> int:
     the_plan = plan(cfg)
     store = harvest(cfg, progress=not args.quiet, the_plan=the_plan).store
     entries = run_sweep(store, Path(cfg.out), sweep_cfg, cfg.seed, progress=not args.quiet)
-    print(f"{'SAE':<16} {'L0':>7} {'FVE':>7} {'alive':>7} {'dead %':>7} {'seconds':>8}")
-    for e in entries:
-        ev = e.meta["eval"]
-        seconds = e.meta["train_stats"]["seconds"]
+    ce = {}
+    if sweep_cfg.ce_sequences:
+        from .fileio import atomic_write_json
+        from .models import load_model
+        from .sae.sweep import splice_evaluation
+
+        lm = load_model(the_plan.source, cfg.dtype, the_plan.layers_path)
+        spliced = splice_evaluation(
+            lm, store, the_plan.splits.eval[: sweep_cfg.ce_sequences], entries
+        )
+        atomic_write_json(Path(cfg.out) / "saes" / "ce_loss_recovered.json", spliced)
+        ce = spliced["saes"]
         print(
-            f"{e.architecture + '-' + str(e.width):<16} {ev['l0']:7.1f} "
-            f"{ev['fraction_variance_explained']:7.3f} {ev['alive']:7d} "
-            f"{100 * ev['dead_fraction']:7.1f} {seconds:8.1f}{'  (reused)' if e.reused else ''}"
+            f"clean loss {spliced['clean_loss']:.3f}, mean-ablated "
+            f"{spliced['mean_ablated_loss']:.3f} ({spliced['n_predictions']} predictions)"
+        )
+    print(
+        f"{'SAE':<16} {'L0':>7} {'FVE':>7} {'CE rec.':>8} {'alive':>7} {'dead %':>7} {'seconds':>8}"
+    )
+    for e in entries:
+        ev, name = e.meta["eval"], f"{e.architecture}-w{e.width}"
+        seconds = e.meta["train_stats"]["seconds"]
+        rec = ce.get(name, {}).get("ce_loss_recovered", float("nan"))
+        print(
+            f"{name:<16} {ev['l0']:7.1f} {ev['fraction_variance_explained']:7.3f} "
+            f"{rec:8.3f} {ev['alive']:7d} {100 * ev['dead_fraction']:7.1f} {seconds:8.1f}"
+            f"{'  (reused)' if e.reused else ''}"
         )
     return 0
 

@@ -165,6 +165,10 @@ class SweepConfig:
     lr: float = _opt(1e-3, "Adam learning rate (falls linearly to 0 over the last 20%).")
     batch_tokens: int = _opt(1024, "Tokens per training step.")
     dead_tokens: int = _opt(200_000, "A feature silent for this many tokens counts as dead.")
+    ce_sequences: int = _opt(
+        16,
+        "Eval sequences on which each SAE is spliced into the model (CE loss recovered); 0: skip.",
+    )
 
     def check(self) -> None:
         if not self.widths or any(w <= 0 for w in self.widths):
@@ -176,6 +180,8 @@ class SweepConfig:
             raise UsageError(f"--architectures must be among {', '.join(ARCHITECTURES)}")
         if self.k <= 0 or self.k > self.widths[0]:
             raise UsageError(f"--k must lie in 1..{self.widths[0]} (the smallest width)")
+        if self.ce_sequences < 0:
+            raise UsageError("--ce-sequences must be >= 0")
         for name in ("epochs", "batch_tokens", "dead_tokens"):
             if getattr(self, name) <= 0:
                 raise UsageError(f"--{_flag(name)} must be positive")

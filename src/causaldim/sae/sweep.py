@@ -141,3 +141,23 @@ def run_sweep(
 
 def load_entry(entry: SweepEntry) -> SAE:
     return load(entry.folder)
+
+
+def splice_evaluation(lm, store: Store, seqs: torch.Tensor, entries: list[SweepEntry]) -> dict:
+    """CE loss recovered of every SAE of the sweep, spliced in at the store's layer on
+    these eval sequences; the mean-ablation floor uses the eval split's mean residual."""
+    from ..splice import ce_loss_recovered
+
+    total, n = torch.zeros(store.d_model, dtype=torch.float64), 0
+    for batch in store.batches("eval", ("h",), 8192):
+        total += batch["h"].double().sum(0)
+        n += len(batch["h"])
+    saes = {f"{e.architecture}-w{e.width}": load(e.folder) for e in entries}
+    return ce_loss_recovered(
+        lm,
+        store.manifest["layer"],
+        seqs,
+        saes,
+        (total / n).float(),
+        store.manifest["outliers"]["threshold"],
+    )

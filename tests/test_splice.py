@@ -1,0 +1,31 @@
+"""Splicing a replacement into block L: clean, ablated and SAE losses."""
+
+from __future__ import annotations
+
+import torch
+from reference import reference_grad
+
+from causaldim.models import load_model, resolve_model
+from causaldim.splice import ce_loss_recovered, spliced_loss
+
+
+def test_identity_splice_is_the_clean_model_and_mean_is_the_floor(tiny_model):
+    lm = load_model(resolve_model(tiny_model("llama")))
+    ids = torch.randint(0, 320, (4, 24), generator=torch.Generator().manual_seed(0))
+    h, _ = reference_grad(lm, 1, ids)
+    threshold = float(h.norm(dim=-1).max()) + 1  # no outliers beyond position 0
+    clean, n = spliced_loss(lm, 1, ids, None, threshold)
+    same, _ = spliced_loss(lm, 1, ids, lambda x: x, threshold)
+    assert n == 4 * 22  # position 0 is never replaced nor scored
+    assert abs(same - clean) < 1e-4 * abs(clean)
+    logits = lm.model(input_ids=ids).logits
+    full = torch.nn.functional.cross_entropy(
+        logits[:, 1:-1].flatten(0, 1), ids[:, 2:].flatten(), reduction="sum"
+    )
+    assert abs(float(full) - clean) < 1e-3
+
+    mean = h[:, 1:].reshape(-1, h.shape[-1]).mean(0)
+    out = ce_loss_recovered(lm, 1, ids, {"identity": torch.nn.Identity()}, mean, threshold)
+    assert abs(out["saes"]["identity"]["ce_loss_recovered"] - 1) < 1e-3
+    assert abs(out["clean_loss"] - clean / n) < 1e-6
+    assert out["mean_ablated_loss"] != out["clean_loss"]  # the ablation did replace h
