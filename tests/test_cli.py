@@ -221,3 +221,19 @@ def test_train_runs_the_sweep_and_splices_each_sae(tmp_path, tiny_model, text_co
     assert spliced["n_predictions"] == 4 * 30  # position 0 and the last are never scored
     assert cli.main(args) == 0
     assert printed.count("(reused)") == 0 and capsys.readouterr().out.count("(reused)") == 4
+
+
+def test_same_weights_under_another_path_share_the_output_folder(tmp_path, tiny_model, text_corpus):
+    common = [
+        "--corpus",
+        str(text_corpus),
+        "--tokens",
+        "512",
+        "--seq-len",
+        "32",
+        "--out",
+        str(tmp_path / "out"),
+    ]
+    llama = tiny_model("llama")
+    assert cli.main(["--quiet", "harvest", "--model", llama, *common]) == 0
+    assert cli.main(["--quiet", "harvest", "--model", llama + "/.", *common]) == 0

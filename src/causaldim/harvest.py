@@ -234,11 +234,15 @@ def _check_out_folder(out: Path, identity: dict) -> None:
             other = json.loads(manifest.read_text())["model"]["identity"]
         except (ValueError, KeyError):
             continue
-        if other != identity:
+        if _weights(other) != _weights(identity):  # the same weights under another name pass
             raise UsageError(
                 f"--out {out} holds a store of another model ({other.get('name')}); "
                 "choose another --out folder"
             )
+
+
+def _weights(identity: dict) -> dict:
+    return {k: v for k, v in identity.items() if k != "name"}
 
 
 # ---------------------------------------------------------------------------- harvesting
