@@ -1,0 +1,56 @@
+"""From per-width AtP scores to the paper's counts: epsilon calibrated once on the
+reference (smallest) width, N_causal and N_repr per width, and the wedge between them."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .score import Scores
+
+
+def calibrate(reference: Scores, percentile: float = 98.0) -> float:
+    """epsilon = the given percentile of AtP over all features of the reference width."""
+    return float(torch.quantile(reference.atp.double(), percentile / 100))
+
+
+def counts(scores: dict[int, Scores], epsilon: float) -> dict[int, dict]:
+    """Per width: N_repr (fired at least once), N_causal (AtP > epsilon), the inert
+    fraction (firing but below epsilon) and mean L0."""
+    out = {}
+    for width, s in sorted(scores.items()):
+        causal = s.atp > epsilon
+        firing = s.fired > 0
+        out[width] = {
+            "n_repr": int(firing.sum()),
+            "n_causal": int(causal.sum()),
+            "inert_fraction": float((firing & ~causal).sum()) / max(int(firing.sum()), 1),
+            "mean_l0": s.mean_l0,
+        }
+    return out
+
+
+def wedge(per_width: dict[int, dict]) -> dict:
+    """Growth ratios smallest -> largest width and least-squares log-log slopes."""
+    widths = sorted(per_width)
+    lo, hi = per_width[widths[0]], per_width[widths[-1]]
+
+    def slope(key: str) -> float | None:
+        pts = [(math.log(w), math.log(per_width[w][key])) for w in widths if per_width[w][key]]
+        if len(pts) < 2:
+            return None
+        mx = sum(x for x, _ in pts) / len(pts)
+        my = sum(y for _, y in pts) / len(pts)
+        return sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+
+    def ratio(key: str) -> float | None:
+        return hi[key] / lo[key] if lo[key] else None
+
+    return {
+        "width_ratio": widths[-1] / widths[0],
+        "n_repr_growth": ratio("n_repr"),
+        "n_causal_growth": ratio("n_causal"),
+        "n_repr_loglog_slope": slope("n_repr"),
+        "n_causal_loglog_slope": slope("n_causal"),
+    }
