@@ -103,8 +103,9 @@ def test_bad_input(tmp_path, tiny_model, text_corpus, capsys, no_model_work, cas
     assert not out.exists()
 
 
-def test_output_folder_of_another_model_is_refused(tmp_path, tiny_model, text_corpus, capsys):
-    common = [
+def small_harvest_args(tmp_path, text_corpus) -> list[str]:
+    """A quick harvest into tmp_path/out, model left to the caller."""
+    return [
         "--corpus",
         str(text_corpus),
         "--tokens",
@@ -114,6 +115,10 @@ def test_output_folder_of_another_model_is_refused(tmp_path, tiny_model, text_co
         "--out",
         str(tmp_path / "out"),
     ]
+
+
+def test_output_folder_of_another_model_is_refused(tmp_path, tiny_model, text_corpus, capsys):
+    common = small_harvest_args(tmp_path, text_corpus)
     assert cli.main(["--quiet", "harvest", "--model", tiny_model("llama"), *common]) == 0
     gpt2 = tiny_model("gpt2")
     before = snapshot(tmp_path)
@@ -224,16 +229,7 @@ def test_train_runs_the_sweep_and_splices_each_sae(tmp_path, tiny_model, text_co
 
 
 def test_same_weights_under_another_path_share_the_output_folder(tmp_path, tiny_model, text_corpus):
-    common = [
-        "--corpus",
-        str(text_corpus),
-        "--tokens",
-        "512",
-        "--seq-len",
-        "32",
-        "--out",
-        str(tmp_path / "out"),
-    ]
+    common = small_harvest_args(tmp_path, text_corpus)
     llama = tiny_model("llama")
     assert cli.main(["--quiet", "harvest", "--model", llama, *common]) == 0
     assert cli.main(["--quiet", "harvest", "--model", llama + "/.", *common]) == 0

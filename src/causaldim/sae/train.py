@@ -97,7 +97,8 @@ def train_sae(
             mse = (x_hat - x).pow(2).sum(-1).mean()
             mse_value = mse.item()
             loss = mse
-            fired = (f > 0).any(0)
+            active = f > 0  # computed once per step, used for dead tracking and L0
+            fired = active.any(0)
             since_fired += len(x)
             since_fired[fired] = 0
             dead = since_fired > settings.dead_tokens
@@ -112,7 +113,7 @@ def train_sae(
             opt.step()
             sae.normalize_decoder()
 
-            l0 = float((f > 0).sum(-1).float().mean())
+            l0 = float(active.sum(-1).float().mean())
             if not is_topk:  # integral control of the coefficient toward the target L0
                 error = math.log(max(l0, 1e-3) / settings.target_l0)
                 coef *= math.exp(settings.controller_rate * max(-1.0, min(1.0, error)))
