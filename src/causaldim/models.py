@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
@@ -15,6 +19,9 @@ import torch
 from torch import nn
 
 from .errors import UsageError
+from .fileio import cache_dir
+
+CONVERTED_MARK = "converted-from.txt"  # written last: a folder without it is unfinished
 
 
 class EmbeddedModel(NamedTuple):
@@ -65,6 +72,11 @@ class ModelSource(NamedTuple):
     gguf_file: str | None
     config: object  # transformers.PretrainedConfig
     trust_remote_code: bool = False
+    gguf_origin: str | None = None  # the GGUF file a converted folder was made from
+
+    @property
+    def converted(self) -> bool:
+        return self.gguf_origin is not None and self.gguf_file is None
 
     @property
     def family(self) -> str:
@@ -117,7 +129,7 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
     """Find a model and read its config (cheap); UsageError if it cannot be found."""
     from transformers import AutoConfig
 
-    def read(path: str, gguf_file: str | None, kind: str) -> ModelSource:
+    def read(path: str, gguf_file: str | None, kind: str, origin=None) -> ModelSource:
         kw = {"trust_remote_code": trust_remote_code}
         if gguf_file:
             kw["gguf_file"] = gguf_file
@@ -126,16 +138,21 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
         except Exception as exc:  # transformers raises many kinds here
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise UsageError(f"cannot read the config of model {name!r}: {first}") from exc
-        return ModelSource(name, kind, path, gguf_file, config, trust_remote_code)
+        return ModelSource(name, kind, path, gguf_file, config, trust_remote_code, origin)
+
+    def read_gguf(gguf: Path, kind: str) -> ModelSource:
+        converted = converted_folder(gguf)
+        if (converted / CONVERTED_MARK).is_file():
+            return read(str(converted), None, kind, str(gguf))
+        return read(str(gguf.parent), gguf.name, kind, str(gguf))
 
     if name in EMBEDDED:
-        gguf = embedded_path(name)
-        return read(str(gguf.parent), gguf.name, "embedded")
+        return read_gguf(embedded_path(name), "embedded")
     path = Path(name).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
             raise UsageError(f"GGUF file {path} does not exist")
-        return read(str(path.resolve().parent), path.name, "gguf")
+        return read_gguf(path.resolve(), "gguf")
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise UsageError(
@@ -186,8 +203,8 @@ def fingerprint(source: ModelSource) -> dict:
     if source.kind == "hub":
         return {"hub_id": source.path, "revision": getattr(source.config, "_commit_hash", None)}
     folder = Path(source.path)
-    if source.gguf_file:
-        files = [folder / source.gguf_file]
+    if source.gguf_origin:
+        files = [Path(source.gguf_origin)]
     else:
         files = sorted(
             p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin", ".pt", ".gguf")
@@ -211,16 +228,58 @@ def _file_digest(path: Path, full_limit: int = 1 << 30, chunk: int = 1 << 24) ->
     return "sha256-head-tail:" + h.hexdigest()
 
 
+def converted_folder(gguf: Path) -> Path:
+    """Where the float32 conversion of a GGUF file is cached: de-quantising and rebuilding
+    the tokenizer take most of a minute, reading the conversion a second or two."""
+    import transformers
+
+    digest = _file_digest(gguf).split(":")[1][:16]
+    return cache_dir() / "models" / f"{gguf.stem}-{digest}-tf{transformers.__version__}"
+
+
+def _convert(source: ModelSource, model: nn.Module, tokenizer) -> None:
+    """Save a GGUF model just loaded in float32 as a plain model folder, atomically."""
+    target = converted_folder(Path(source.gguf_origin))
+    if (target / CONVERTED_MARK).is_file():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    try:
+        # transformers refuses save_pretrained on a GGUF-loaded model; the weights are plain
+        # float32 tensors by now, so write them and the config directly.
+        from safetensors.torch import save_model
+
+        save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        tokenizer.save_pretrained(tmp)
+        (tmp / CONVERTED_MARK).write_text(source.gguf_origin + "\n")
+        if target.exists():  # an unfinished conversion from an interrupted run
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except OSError:  # a full or read-only cache only costs speed next time
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def load_model(source: ModelSource, dtype: str = "float32", layers_path: str | None = None):
-    """Load weights and tokenizer; weights frozen, eval mode."""
+    """Load weights and tokenizer; weights frozen, eval mode. A GGUF file is converted once
+    (float32, cached) so that later loads are fast."""
     from transformers import AutoModelForCausalLM
 
+    convert = source.gguf_file is not None and source.gguf_origin is not None
     model = AutoModelForCausalLM.from_pretrained(
-        source.path, dtype=getattr(torch, dtype), **source._load_kwargs()
+        source.path,
+        dtype=torch.float32 if convert else getattr(torch, dtype),
+        **source._load_kwargs(),
     )
+    tokenizer = load_tokenizer(source)
+    if convert:
+        _convert(source, model, tokenizer)
+        model = model.to(getattr(torch, dtype))
     model.eval().requires_grad_(False)
     layers = decoder_layers(model, layers_path_for(source, layers_path))
-    return LoadedModel(source, model, load_tokenizer(source), layers)
+    return LoadedModel(source, model, tokenizer, layers)
 
 
 def load_tokenizer(source: ModelSource):
