@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from causaldim.config import HarvestConfig, SigmaConfig
+from causaldim.config import AnalysisConfig, HarvestConfig
 from causaldim.corpus import load_corpus, tokenize
 from causaldim.harvest import _tap, harvest, residuals_and_grads
 from causaldim.models import load_model, resolve_model
@@ -83,7 +83,9 @@ def main() -> None:
         result = harvest(cfg, progress=False)
         n_eval = result.store.n_tokens("eval")
         t_pass = n_eval / result.store.manifest["splits"]["eval"]["tokens_per_second"]
-        t_sigma = median_time(lambda: accumulate(result.store, SigmaConfig(), ("loss",)), args.reps)
+        t_sigma = median_time(
+            lambda: accumulate(result.store, AnalysisConfig(), ("loss",)), args.reps
+        )
         print(
             f"Sigma_loss from the store: {t_sigma:.2f} s for {n_eval} eval tokens, "
             f"{t_sigma / t_pass:.3f} x the eval pass that wrote them ({t_pass:.1f} s)"

@@ -127,49 +127,6 @@ def test_output_folder_of_another_model_is_refused(tmp_path, tiny_model, text_co
     assert snapshot(tmp_path) == before
 
 
-def test_run_writes_results_figures_and_reuses_the_store(tmp_path, tiny_model, text_corpus, capsys):
-    out = tmp_path / "out"
-    args = [
-        "--quiet",
-        "run",
-        "--model",
-        tiny_model("gpt_neox"),
-        "--corpus",
-        str(text_corpus),
-        "--tokens",
-        "2048",
-        "--seq-len",
-        "32",
-        "--eval-fraction",
-        "0.25",
-        "--bootstrap",
-        "20",
-        "--out",
-        str(out),
-    ]
-    assert cli.main(args) == 0
-    results = json.loads((out / "results.json").read_text())
-    assert results["store"]["reused"] is False
-    assert results["store"]["tokens"] == {"eval": 512, "train": 1536}
-    assert results["config"]["harvest"]["seq_len"] == 32
-    assert set(results["sigma"]) == {"loss", "logits", "fisher", "activations"}
-    for est in results["sigma"].values():
-        assert 1 <= est["erank"] <= 32 and len(est["bootstrap"]["erank_95"]) == 2
-    assert (out / "figures" / "sigma.png").stat().st_size > 10_000
-    printed = capsys.readouterr().out
-    assert "logits" in printed and "results:" in printed
-
-    assert cli.main(args) == 0
-    assert "reused store" in capsys.readouterr().out
-    again = json.loads((out / "results.json").read_text())
-    assert again["store"]["reused"]
-    assert again["sigma"] == results["sigma"]  # same seed, same numbers
-
-    (out / "figures" / "sigma.png").unlink()
-    assert cli.main(["report", str(out / "results.json")]) == 0
-    assert (out / "figures" / "sigma.png").is_file()
-
-
 def test_report_of_a_missing_file_is_refused(tmp_path, capsys):
     assert cli.main(["report", str(tmp_path / "results.json")]) == 2
     assert "does not exist" in capsys.readouterr().err

@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from reference import reference_grad
+import torch
+from reference import reference_atp, reference_grad
 
 from causaldim import cli
-from causaldim.harvest import residuals_and_grads
-from causaldim.models import load_model, resolve_model
+from causaldim.config import HarvestConfig
+from causaldim.harvest import harvest, residuals_and_grads
+from causaldim.models import fingerprint, load_model, resolve_model
+from causaldim.sae import SAEConfig, build
+from causaldim.score import atp_scores
 
 pytestmark = pytest.mark.slow
 
@@ -35,25 +39,54 @@ def test_embedded_gradient_matches_autograd(smollm):
     assert (ours.g - g).norm() / g.norm() < 1e-5
 
 
-def test_run_on_the_embedded_model(tmp_path, capsys):
+def test_the_gguf_is_converted_once_and_reads_back_the_same(smollm):
+    again = resolve_model("smollm2-135m")  # the module fixture's load converted it
+    assert again.converted and fingerprint(again) == fingerprint(smollm.source)
+    fast = load_model(again)
+    text = "def f(x):\n    return x  # the end"
+    assert fast.tokenizer(text).input_ids == smollm.tokenizer(text).input_ids
+    assert fast.tokenizer.eos_token_id == smollm.tokenizer.eos_token_id
+    ids = smollm.tokenizer(text, return_tensors="pt").input_ids
+    assert torch.equal(fast.model(ids).logits, smollm.model(ids).logits)
+
+
+def test_embedded_atp_matches_autograd_through_the_spliced_sae(smollm, tmp_path):
+    cfg = HarvestConfig(
+        tokens=1024, eval_fraction=0.25, logit_probes=0, fisher_probes=0, out=str(tmp_path)
+    )
+    store = harvest(cfg, progress=False).store
+    sae = build(SAEConfig("topk", 576, 256, k=16))
+    sae.reset(torch.Generator().manual_seed(0))
+    sae.requires_grad_(False)
+    scores = atp_scores(sae, store)
+    expected = reference_atp(smollm, 15, sae, store)
+    error = (scores.atp.double() - expected.double()).norm() / expected.double().norm()
+    assert error < 1e-4 and scores.n_tokens > 200
+
+
+def test_smoke_run_on_the_embedded_model(tmp_path, capsys):
     out = tmp_path / "run"
-    args = ["--quiet", "run", "--tokens", "1536", "--eval-fraction", "0.25", "--out", str(out)]
+    args = ["--quiet", "run", "--preset", "smoke", "--out", str(out)]
     assert cli.main(args) == 0
     (manifest_path,) = out.glob("stores/*/manifest.json")
     m = json.loads(manifest_path.read_text())
     assert m["layer"] == 15 and m["model"]["identity"]["name"] == "smollm2-135m"
     assert m["model"]["identity"]["files"]["SmolLM2-135M-Instruct.Q4_1.gguf"].startswith("sha256:")
     assert m["corpus"]["id"].startswith("builtin:stdlib-docstrings")
-    assert m["splits"]["eval"]["n_tokens"] == 384 and m["splits"]["train"]["n_tokens"] == 1152
+    assert m["splits"]["eval"]["n_tokens"] == 1024 and m["splits"]["train"]["n_tokens"] == 3072
     assert 0.5 < m["splits"]["eval"]["mean_loss"] < 8  # a trained model, not noise
     o = m["outliers"]
-    assert o["n_outliers"] >= 12  # at least every position 0
+    assert o["n_outliers"] >= 64  # at least every position 0
     assert o["variance_share"] > 0.5  # the few outliers carry most of the variance
 
     results = json.loads((out / "results.json").read_text())
     for reading in ("loss", "logits", "fisher", "activations"):
         est = results["sigma"][reading]
-        assert 1 < est["erank"] < 576 and est["n_samples"] > 300
-        assert est["warning"]  # 384 eval tokens are far too few for d = 576, and it says so
+        assert 1 < est["erank"] < 576 and est["n_samples"] > 900
+        assert est["warning"]  # 1,024 eval tokens are far too few for d = 576, and it says so
+    rows = results["sweep"]["topk"]["per_width"]
+    assert [r["width"] for r in rows] == [64, 128, 256, 512, 1024]
+    assert rows[-1]["n_repr"] > 5 * rows[0]["n_repr"]
+    assert (out / "report.html").is_file() and (out / "figures" / "wedge_topk.png").is_file()
     assert cli.main(args) == 0
     assert "reused store" in capsys.readouterr().out

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from causaldim.config import SigmaConfig
+from causaldim.config import AnalysisConfig
 from causaldim.harvest import (
     fisher_probes_for,
     gaussian_probes,
@@ -67,7 +67,7 @@ def test_planted_erank_and_pr_within_2_percent(kind, reading):
     sums = BlockSums(D, blocks=16)
     for b, chunk in enumerate(u.chunk(16)):
         sums.add(b, chunk)
-    est = estimate(reading, sums, SigmaConfig(bootstrap=50))
+    est = estimate(reading, sums, AnalysisConfig(bootstrap=50))
     truth = spectrum(lam)
     assert abs(est.erank / truth.erank - 1) < 0.02, (est.erank, truth.erank)
     assert abs(est.participation_ratio / truth.participation_ratio - 1) < 0.02
@@ -93,7 +93,7 @@ def test_few_samples_are_flagged():
     sums = BlockSums(D, blocks=2)
     sums.add(0, torch.randn(30, D))
     sums.add(1, torch.randn(30, D))
-    est = estimate("logits", sums, SigmaConfig(bootstrap=0))
+    est = estimate("logits", sums, AnalysisConfig(bootstrap=0))
     assert "rank-1 samples" in est.warning and est.bootstrap is None
 
 
@@ -175,7 +175,7 @@ def store(harvest_config):
 
 
 def test_store_pass_accumulates_the_stored_samples(store):
-    cfg = SigmaConfig(blocks=4)
+    cfg = AnalysisConfig(blocks=4)
     sums = accumulate(store, cfg)
     assert set(sums) == {"loss", "logits", "fisher", "activations"}
     rows = {k: [] for k in ("g", "u_logits", "h", "pos")}
@@ -194,7 +194,7 @@ def test_store_pass_accumulates_the_stored_samples(store):
 
 
 def test_measure_reports_every_reading_with_intervals(store):
-    results = measure(store, SigmaConfig(bootstrap=20))
+    results = measure(store, AnalysisConfig(bootstrap=20))
     n_eval = store.n_tokens("eval", drop_outliers=True)
     assert results["logits"].n_samples == 2 * n_eval and results["logits"].n_tokens == n_eval
     assert results["fisher"].n_samples == n_eval
@@ -226,7 +226,7 @@ def test_planted_jacobian_through_the_model_pass(tiny_model):
         ids = torch.randint(0, 320, (8, 32), generator=gen)
         out = residuals_and_grads(lm, layer, ids, logit_probes=1, generator=gen)
         sums.add(i % 8, out.u_logits.reshape(-1, 32))
-    est = estimate("logits", sums, SigmaConfig(bootstrap=0))
+    est = estimate("logits", sums, AnalysisConfig(bootstrap=0))
     truth = spectrum(lam)
     assert est.n_samples == 32 * 8 * 32
     assert abs(est.erank / truth.erank - 1) < 0.02

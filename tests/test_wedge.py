@@ -1,4 +1,4 @@
-"""Calibration, counts and the wedge on scores with known answers."""
+"""Calibration, counts, the wedge and their bootstrap, on scores with known answers."""
 
 from __future__ import annotations
 
@@ -6,18 +6,26 @@ import pytest
 import torch
 
 from causaldim.score import Scores
-from causaldim.wedge import calibrate, counts, wedge
+from causaldim.wedge import calibrate, counts, resampled_counts, wedge
 
 
-def scores(atp, fired):
-    return Scores(torch.tensor(atp, dtype=torch.float32), torch.tensor(fired), 100, 4.0)
+def scores(atp, fired, blocks: int = 1) -> Scores:
+    """Scores whose per-token means are atp, spread evenly over `blocks` blocks of 100."""
+    atp = torch.tensor(atp, dtype=torch.float64)
+    fired = torch.tensor(fired)
+    return Scores(
+        (atp * 100).expand(blocks, -1).clone(),
+        fired.expand(blocks, -1).clone(),
+        torch.full((blocks,), 100),
+        torch.full((blocks,), 400),
+    )
 
 
 def test_epsilon_makes_two_percent_of_the_reference_width_causal():
     ref = scores(torch.arange(1, 1001).tolist(), [1] * 1000)
-    eps = calibrate(ref)
+    eps = calibrate(ref.atp)
     assert counts({1000: ref}, eps)[1000]["n_causal"] == 20
-    assert calibrate(ref, 99.0) > eps
+    assert calibrate(ref.atp, 99.0) > eps
 
 
 def test_counts_and_wedge():
@@ -36,3 +44,25 @@ def test_counts_and_wedge():
     assert w["n_repr_growth"] == pytest.approx(16 / 3)
     assert w["n_causal_growth"] == pytest.approx(2.0)
     assert w["n_causal_loglog_slope"] == pytest.approx(0.5)  # log 2 / log 4
+
+
+def test_resampled_counts_recalibrate_in_every_resample():
+    gen = torch.Generator().manual_seed(0)
+    ref = Scores(
+        torch.rand(16, 100, generator=gen, dtype=torch.float64),
+        torch.ones(16, 100, dtype=torch.long),
+        torch.full((16,), 10),
+        torch.full((16,), 40),
+    )
+    wide = Scores(
+        torch.rand(16, 400, generator=gen, dtype=torch.float64),
+        (torch.rand(16, 400, generator=gen) < 0.05).long(),
+        torch.full((16,), 10),
+        torch.full((16,), 40),
+    )
+    boot = resampled_counts({100: ref, 400: wide}, 100, 98.0, 50, seed=0)
+    assert boot["n_causal"].shape == (50, 2)
+    assert (boot["n_causal"][:, 0] == 2).all()  # 2% of the reference width, by construction
+    assert boot["n_causal"][:, 1].std() > 0 and boot["n_repr"][:, 1].std() > 0
+    assert (boot["n_repr"][:, 1] <= wide.n_repr).all()  # a resample never adds firing
+    assert boot["epsilon"].std() > 0

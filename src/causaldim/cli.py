@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
+import time
 import types
 import typing
 from pathlib import Path
 
 from . import __version__
-from .config import HarvestConfig, SigmaConfig, SweepConfig
+from .config import PRESETS, AnalysisConfig, HarvestConfig, SweepConfig
 from .errors import UsageError
 
 
-def _add_config_args(parser: argparse.ArgumentParser, cls) -> None:
-    """One flag per dataclass field; the field's help metadata is the flag's help."""
+def _add_config_args(parser: argparse.ArgumentParser, cls, preset: dict) -> None:
+    """One flag per dataclass field; the field's help metadata is the flag's help, and its
+    default the preset's value where the preset sets one."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
@@ -24,6 +25,7 @@ def _add_config_args(parser: argparse.ArgumentParser, cls) -> None:
         if isinstance(kind, types.UnionType):  # "int | None"
             kind = next(a for a in typing.get_args(kind) if a is not type(None))
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        default = preset.get(f.name, default)
         help_text = f"{f.metadata.get('help', '')} (default: {default})".replace("%", "%%")
         if typing.get_origin(kind) is list:
             (item,) = typing.get_args(kind)
@@ -41,14 +43,14 @@ def _add_config_args(parser: argparse.ArgumentParser, cls) -> None:
             parser.add_argument(
                 flag,
                 action=argparse.BooleanOptionalAction,
-                default=f.default,
+                default=default,
                 help=f.metadata.get("help"),
             )
         else:
             parser.add_argument(
                 flag,
                 type=kind,
-                default=f.default,
+                default=default,
                 help=help_text,
                 choices=f.metadata.get("choices"),
                 metavar=f.name.upper(),
@@ -59,7 +61,19 @@ def _config(args: argparse.Namespace, cls):
     return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
 
-def _parser() -> argparse.ArgumentParser:
+def _add_preset(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--preset",
+        default="default",
+        choices=list(PRESETS),
+        help="Named defaults: default (SmolLM2-135M, about 10 min on 2 CPU cores), smoke "
+        "(every stage on a few thousand tokens, under a minute), paper (Gemma-2-2B layer 12, "
+        "widths 16,384..1,048,576, seq 512; for a GPU). Flags given override it.",
+    )
+
+
+def _parser(preset: str = "default") -> argparse.ArgumentParser:
+    values = PRESETS[preset]
     parser = argparse.ArgumentParser(
         prog="causaldim",
         description="Causal dimensionality of a transformer layer: how many residual "
@@ -75,16 +89,29 @@ def _parser() -> argparse.ArgumentParser:
         description="Train split: h at layer L (forward stopped at L). Eval split: h and "
         "g = dLoss/dh (backward from the loss down to L only). Reuses a matching store.",
     )
-    _add_config_args(p, HarvestConfig)
+    _add_preset(p)
+    _add_config_args(p, HarvestConfig, values)
     p.set_defaults(func=_cmd_harvest)
 
     p = sub.add_parser(
         "run",
-        help="The whole measurement: harvest (or reuse) the store, then Sigma for loss, "
-        "logits and fisher with intervals; writes OUT/results.json and OUT/figures/.",
+        help="The whole measurement: store, direct Sigma, SAE sweep, AtP scores, counts and "
+        "kappa_hat fits -> OUT/results.json, OUT/report.md, OUT/report.html, OUT/figures/.",
+        description="corpus -> store (harvest) -> direct Sigma (loss, logits, fisher) -> SAE "
+        "sweep -> AtP scores from the store -> epsilon, N_repr, N_causal, the wedge -> "
+        "saturating fits (AIC, bootstrap over eval sequences) -> results.json -> report. "
+        "A finished store and finished SAEs are reused on a re-run.",
     )
-    _add_config_args(p, HarvestConfig)
-    _add_config_args(p, SigmaConfig)
+    _add_preset(p)
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="Check the input, print the plan, the disk it needs and a time estimate; "
+        "write nothing.",
+    )
+    _add_config_args(p, HarvestConfig, values)
+    _add_config_args(p, SweepConfig, values)
+    _add_config_args(p, AnalysisConfig, values)
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser(
@@ -94,11 +121,16 @@ def _parser() -> argparse.ArgumentParser:
         "outliers left out, evaluated on the eval split, saved under OUT/saes/. Finished "
         "SAEs are skipped on a re-run.",
     )
-    _add_config_args(p, HarvestConfig)
-    _add_config_args(p, SweepConfig)
+    _add_preset(p)
+    _add_config_args(p, HarvestConfig, values)
+    _add_config_args(p, SweepConfig, values)
     p.set_defaults(func=_cmd_train)
 
-    p = sub.add_parser("report", help="Re-render the figures of a results.json.")
+    p = sub.add_parser(
+        "report",
+        help="Re-render the figures, report.md and report.html of a results.json, "
+        "without recomputing anything.",
+    )
     p.add_argument("results", type=Path, help="Path of a results.json written by `run`.")
     p.set_defaults(func=_cmd_report)
 
@@ -116,20 +148,67 @@ def _cmd_harvest(args) -> int:
 
 
 def _cmd_run(args) -> int:
-    from .pipeline import run
-    from .report import sigma_table
+    from .pipeline import check, run
+    from .report import sigma_table, summary
 
-    cfg, sigma_cfg = _config(args, HarvestConfig), _config(args, SigmaConfig)
-    results, path, figures = run(cfg, sigma_cfg, progress=not args.quiet)
+    t = time.perf_counter()
+    cfg, sweep_cfg = _config(args, HarvestConfig), _config(args, SweepConfig)
+    analysis_cfg = _config(args, AnalysisConfig)
+    if args.dry_run:
+        _print_plan(check(cfg, sweep_cfg, analysis_cfg), sweep_cfg, analysis_cfg)
+        return 0
+    result = run(cfg, sweep_cfg, analysis_cfg, progress=not args.quiet, preset=args.preset)
+    results = result.results
     print(
         f"{'reused' if results['store']['reused'] else 'wrote'} store "
-        f"{Path(cfg.out) / results['store']['path']}"
+        f"{Path(cfg.out) / results['inputs']['store']['path']}"
     )
     print(sigma_table(results))
-    print(f"results: {path}")
-    for fig in figures:
-        print(f"figure: {fig}")
+    print(summary(results))
+    print(f"results: {result.path}")
+    for path in result.outputs:
+        print(f"wrote: {path}")
+    recorded = results["seconds"]["total"]
+    print(f"wall time: {time.perf_counter() - t:.0f} s (recorded: {recorded:.0f} s)")
     return 0
+
+
+def _print_plan(the_plan, sweep_cfg, analysis_cfg) -> None:
+    from .costs import estimate
+
+    est = estimate(the_plan, sweep_cfg, analysis_cfg)
+    s, cfg = the_plan.source, the_plan.config
+    reused = (the_plan.store_dir / "manifest.json").is_file()
+    print(
+        f"model {cfg.model} ({s.family}, {s.n_layers} layers, d={s.d_model}), layer "
+        f"{the_plan.layer}; corpus {the_plan.corpus.id}"
+    )
+    print(
+        f"tokens: {est['tokens']['train']:,} train, {est['tokens']['eval']:,} eval, in "
+        f"sequences of {cfg.seq_len}; probes: {cfg.logit_probes} logits, "
+        f"{cfg.fisher_probes} fisher"
+    )
+    print(f"store: {the_plan.store_dir}{' (exists: would be reused)' if reused else ''}")
+    print(
+        f"SAEs: {', '.join(sweep_cfg.architectures)} at widths "
+        f"{' '.join(map(str, sweep_cfg.widths))}, k={sweep_cfg.k}, {sweep_cfg.epochs} "
+        f"epoch(s); epsilon at the {analysis_cfg.percentile:g}th percentile of width "
+        f"{analysis_cfg.reference_width or sweep_cfg.widths[0]}; {analysis_cfg.bootstrap} "
+        "bootstrap resamples"
+    )
+    disk = est["disk_bytes"]
+    print(
+        f"disk: store {disk['store'] / 1e6:,.0f} MB, SAEs {disk['saes'] / 1e6:,.0f} MB, "
+        f"total {disk['total'] / 1e9:,.2f} GB"
+    )
+    sec = est["seconds"]
+    stages = ", ".join(f"{k} {v:,.0f}" for k, v in sec.items() if k != "total")
+    print(
+        f"time, rough (matmul FLOPs / {est['matmul_flops_per_second'] / 1e9:,.0f} GFLOP/s "
+        f"measured x {est['efficiency_assumed']} efficiency): about {sec['total'] / 60:,.1f} "
+        f"min ({stages} s){'; the store would be reused' if reused else ''}"
+    )
+    print("dry run: nothing written")
 
 
 def _cmd_train(args) -> int:
@@ -173,18 +252,13 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_report(args) -> int:
-    from .report import render, sigma_table
+    from .report import load_results, render, sigma_table, summary
 
-    if not args.results.is_file():
-        raise UsageError(f"{args.results} does not exist; pass the results.json of a run")
-    try:
-        results = json.loads(args.results.read_text())
-    except ValueError:
-        raise UsageError(f"{args.results} is not valid JSON; pass a results.json") from None
-    if "sigma" in results:
-        print(sigma_table(results))
-    for fig in render(args.results):
-        print(f"figure: {fig}")
+    results = load_results(args.results)  # the schema is checked before anything is written
+    print(sigma_table(results))
+    print(summary(results))
+    for path in render(args.results):
+        print(f"wrote: {path}")
     return 0
 
 
@@ -219,7 +293,17 @@ def _cmd_models(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    # The preset decides the other flags' defaults, so it is read first.
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--preset", default="default")
+    preset = first.parse_known_args(argv)[0].preset
+    if preset not in PRESETS:
+        print(
+            f"causaldim: error: unknown preset {preset!r}; choose one of {', '.join(PRESETS)}",
+            file=sys.stderr,
+        )
+        return 2
+    args = _parser(preset).parse_args(argv)
     try:
         return args.func(args)
     except UsageError as exc:

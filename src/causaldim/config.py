@@ -41,7 +41,7 @@ class HarvestConfig:
     )
     text_field: str = _opt("text", "Field holding the text in .jsonl files and HF datasets.")
     tokens: int = _opt(
-        98_304, "Tokens to harvest in all (train + eval); fewer if the corpus is smaller."
+        65_536, "Tokens to harvest in all (train + eval); fewer if the corpus is smaller."
     )
     eval_fraction: float = _opt(
         0.125,
@@ -112,11 +112,20 @@ class HarvestConfig:
 
 
 @dataclass
-class SigmaConfig:
-    """How the direct Sigma estimates are summarised."""
+class AnalysisConfig:
+    """How the measurements are summarised: the direct Sigma estimates, the calibration of
+    AtP scores and the kappa_hat fits, and their intervals."""
 
-    blocks: int = _opt(32, "Sequence blocks for the bootstrap and the convergence curve.")
+    blocks: int = _opt(
+        32, "Sequence blocks for the bootstraps (Sigma and kappa_hat) and convergence curves."
+    )
     bootstrap: int = _opt(200, "Bootstrap resamples of sequence blocks (0: none).")
+    percentile: float = _opt(
+        98.0, "epsilon = this percentile of AtP over the reference width's features."
+    )
+    reference_width: int | None = _opt(
+        None, "Width whose AtP scores calibrate epsilon; default: the smallest of the sweep."
+    )
     include_outliers: bool = _opt(False, "Keep outlier tokens (position 0, huge norms) in.")
     min_samples_per_dim: float = _opt(
         10.0, "Warn when rank-1 samples are fewer than this many times d."
@@ -124,15 +133,24 @@ class SigmaConfig:
     converged_change: float = _opt(
         0.05, "Warn when erank still moves by more than this fraction over the last doubling."
     )
-    batch_tokens: int = _opt(4096, "Tokens read from the store at a time.")
+    read_tokens: int = _opt(4096, "Tokens read from the store at a time (bounds memory).")
 
     def check(self) -> None:
         if self.blocks < 2:
             raise UsageError(f"--blocks must be at least 2, got {self.blocks}")
         if self.bootstrap < 0:
             raise UsageError(f"--bootstrap must be >= 0, got {self.bootstrap}")
-        if self.batch_tokens <= 0:
-            raise UsageError(f"--batch-tokens must be positive, got {self.batch_tokens}")
+        if self.read_tokens <= 0:
+            raise UsageError(f"--read-tokens must be positive, got {self.read_tokens}")
+        if not 0.0 < self.percentile < 100.0:
+            raise UsageError(f"--percentile must lie in (0, 100), got {self.percentile}")
+
+    def check_against(self, sweep: SweepConfig) -> None:
+        if self.reference_width is not None and self.reference_width not in sweep.widths:
+            raise UsageError(
+                f"--reference-width {self.reference_width} is not among --widths "
+                f"{' '.join(map(str, sweep.widths))}; pass one of them"
+            )
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -161,12 +179,12 @@ class SweepConfig:
         },
     )
     k: int = _opt(32, "TopK's k, and the target L0 of JumpReLU and ReLU (matched L0).")
-    epochs: int = _opt(4, "Passes over the train split per SAE.")
+    epochs: int = _opt(3, "Passes over the train split per SAE.")
     lr: float = _opt(1e-3, "Adam learning rate (falls linearly to 0 over the last 20%).")
     batch_tokens: int = _opt(1024, "Tokens per training step.")
     dead_tokens: int = _opt(200_000, "A feature silent for this many tokens counts as dead.")
     ce_sequences: int = _opt(
-        16,
+        8,
         "Eval sequences on which each SAE is spliced into the model (CE loss recovered); 0: skip.",
     )
 
@@ -190,3 +208,65 @@ class SweepConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+# Named sets of defaults; flags given on the command line override them.
+PRESETS: dict[str, dict] = {
+    # The dataclass defaults: SmolLM2-135M layer 15, 5 widths over 16x, in about 10
+    # minutes on 2 CPU cores.
+    "default": {},
+    # Every stage on a few thousand tokens: a check that the tool works, in under a minute
+    # once the embedded model is converted.
+    "smoke": {
+        "tokens": 4096,
+        "eval_fraction": 0.25,
+        "seq_len": 64,
+        "widths": [64, 128, 256, 512, 1024],
+        "k": 8,
+        "epochs": 1,
+        "batch_tokens": 256,
+        "blocks": 16,
+        "bootstrap": 50,
+        "ce_sequences": 4,
+        "out": "runs/smoke",
+    },
+    # The paper's setting (Gemma-2-2B layer 12, widths 16,384..1,048,576, seq 512), for a
+    # GPU: bf16 compute and store, JumpReLU SAEs as in Gemma Scope.
+    "paper": {
+        "model": "google/gemma-2-2b",
+        "layer": 12,
+        "seq_len": 512,
+        "tokens": 8_388_608,
+        "eval_fraction": 0.0625,
+        "batch_size": 8,
+        "dtype": "bfloat16",
+        "store_dtype": "bfloat16",
+        "shard_tokens": 65_536,
+        "widths": [16_384, 32_768, 65_536, 131_072, 262_144, 524_288, 1_048_576],
+        "architectures": ["jumprelu"],
+        "k": 64,
+        "epochs": 1,
+        "batch_tokens": 4096,
+        "dead_tokens": 10_000_000,
+        "ce_sequences": 64,
+        "blocks": 64,
+        "out": "runs/paper",
+    },
+}
+
+
+def preset_configs(
+    name: str = "default", **overrides
+) -> tuple[HarvestConfig, SweepConfig, AnalysisConfig]:
+    """The three configs of a run from a preset, with overrides by field name."""
+    if name not in PRESETS:
+        raise UsageError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    values = {**PRESETS[name], **overrides}
+    out = []
+    for cls in (HarvestConfig, SweepConfig, AnalysisConfig):
+        names = {f.name for f in dataclasses.fields(cls)}
+        out.append(cls(**{k: v for k, v in values.items() if k in names}))
+    unknown = set(values) - {f.name for c in out for f in dataclasses.fields(c)}
+    if unknown:
+        raise UsageError(f"unknown setting(s) {', '.join(sorted(unknown))}")
+    return tuple(out)

@@ -251,6 +251,7 @@ def _weights(identity: dict) -> dict:
 class HarvestResult(NamedTuple):
     store: Store
     reused: bool
+    lm: LoadedModel | None = None  # the loaded model, when the pass ran (for reuse)
 
 
 class _OutlierStats:
@@ -357,7 +358,7 @@ def harvest(cfg: HarvestConfig, progress: bool = True, the_plan: Plan | None = N
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     atomic_write_json(p.store_dir / MANIFEST, manifest)
-    return HarvestResult(Store(p.store_dir), reused=False)
+    return HarvestResult(Store(p.store_dir), reused=False, lm=lm)
 
 
 def _harvest_split(lm, p: Plan, name, seqs, threshold, stats, progress) -> dict:

@@ -4,6 +4,7 @@ a token is f_i (g . d_i). No model is loaded.
 
 AtP_i = E_tokens |f_i (g . d_i)| (silent tokens contribute 0), with firing counts; the
 last position of each sequence (it predicts nothing, g = 0) and outliers are left out.
+Sums are kept per block of eval sequences, so that the counts can be bootstrapped.
 """
 
 from __future__ import annotations
@@ -12,37 +13,77 @@ from typing import NamedTuple
 
 import torch
 
+from .errors import UsageError
 from .sae import SAE
 from .store import Store
 
 
 class Scores(NamedTuple):
-    atp: torch.Tensor  # [width] mean |f_i (g . d_i)| over tokens
-    fired: torch.Tensor  # [width] tokens on which feature i fired
-    n_tokens: int
-    mean_l0: float
+    atp_sums: torch.Tensor  # [blocks, width] float64: sum over tokens of |f_i (g . d_i)|
+    fired_counts: torch.Tensor  # [blocks, width]: tokens on which feature i fired
+    tokens: torch.Tensor  # [blocks] tokens scored
+    active: torch.Tensor  # [blocks] sum over tokens of the number of active features
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.tokens.sum())
+
+    @property
+    def atp(self) -> torch.Tensor:
+        """[width] mean |f_i (g . d_i)| over the scored tokens."""
+        return self.resample()[0]
+
+    @property
+    def fired(self) -> torch.Tensor:
+        return self.fired_counts.sum(0)
+
+    @property
+    def mean_l0(self) -> float:
+        return float(self.active.sum()) / max(self.n_tokens, 1)
 
     @property
     def n_repr(self) -> int:
         """Features that fire on at least one eval token."""
         return int((self.fired > 0).sum())
 
+    def resample(self, weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(AtP, firing counts) with each block counted weights[b] times (default once)."""
+        if weights is None:
+            weights = torch.ones(len(self.tokens), dtype=torch.float64)
+        w = weights.double()
+        atp = (w @ self.atp_sums) / max(float(w @ self.tokens.double()), 1.0)
+        return atp, w @ self.fired_counts.double()
+
+
+def require_gradients(store: Store) -> None:
+    if "g" not in store.manifest["splits"]["eval"]["fields"]:
+        raise UsageError(
+            f"the store {store.root} has no gradients (g) in its eval split, which AtP "
+            "scoring needs; harvest a store with causaldim (harvest or run)"
+        )
+
 
 @torch.no_grad()
-def atp_scores(sae: SAE, store: Store, batch_tokens: int = 4096) -> Scores:
+def atp_scores(sae: SAE, store: Store, blocks: int = 32, batch_tokens: int = 4096) -> Scores:
+    require_gradients(store)
     width = sae.cfg.width
-    atp = torch.zeros(width, dtype=torch.float64)
-    fired = torch.zeros(width, dtype=torch.long)
-    n, active_total = 0, 0
+    blocks = store.blocks("eval", blocks)
+    atp = torch.zeros(blocks, width, dtype=torch.float64)
+    fired = torch.zeros(blocks, width, dtype=torch.long)
+    tokens = torch.zeros(blocks, dtype=torch.long)
+    active_total = torch.zeros(blocks, dtype=torch.long)
     last = store.manifest["seq_len"] - 1
-    for batch in store.batches("eval", ("h", "g", "pos"), batch_tokens):
+    for batch in store.batches("eval", ("h", "g", "pos", "seq"), batch_tokens):
         keep = batch["pos"] < last
         h, g = batch["h"][keep], batch["g"][keep]
+        block_of = store.block_of("eval", batch["seq"][keep], blocks)
         f = sae.encode(h)
-        effect = f * (g @ sae.W_dec.T)  # [tokens, width]: f_i (g . d_i)
-        atp += effect.abs().sum(0).double()
+        effect = (f * (g @ sae.W_dec.T)).abs_()  # [tokens, width]: |f_i (g . d_i)|
         active = f > 0
-        fired += active.sum(0)
-        active_total += int(active.sum())
-        n += len(h)
-    return Scores((atp / max(n, 1)).float(), fired, n, active_total / max(n, 1))
+        for b in block_of.unique().tolist():  # a batch spans one or two blocks
+            rows = block_of == b
+            atp[b] += effect[rows].sum(0, dtype=torch.float64)
+            fired[b] += active[rows].sum(0)
+            tokens[b] += int(rows.sum())
+            active_total[b] += int(active[rows].sum())
+    return Scores(atp, fired, tokens, active_total)

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import torch
 
-from .config import SigmaConfig
+from .config import AnalysisConfig
 from .store import Store
 
 READINGS = {"loss": "g", "logits": "u_logits", "fisher": "u_fisher", "activations": "h"}
@@ -89,19 +89,17 @@ class SigmaEstimate(NamedTuple):
         return self._asdict()
 
 
-def accumulate(store: Store, cfg: SigmaConfig, readings: tuple[str, ...] | None = None):
+def accumulate(store: Store, cfg: AnalysisConfig, readings: tuple[str, ...] | None = None):
     """One pass over the eval split; returns {reading: BlockSums} and the probe counts."""
     fields = store.manifest["splits"]["eval"]["fields"]
     readings = readings or tuple(r for r, f in READINGS.items() if f in fields)
     d, seq_len = store.d_model, store.manifest["seq_len"]
-    n_seq = store.manifest["splits"]["eval"]["n_sequences"]
-    blocks = max(1, min(cfg.blocks, n_seq))
+    blocks = store.blocks("eval", cfg.blocks)
     sums = {r: BlockSums(d, blocks, centred=(r == "activations")) for r in readings}
     read = tuple(dict.fromkeys([READINGS[r] for r in readings] + ["seq", "pos"]))
-    batches = store.batches("eval", read, cfg.batch_tokens, not cfg.include_outliers)
+    batches = store.batches("eval", read, cfg.read_tokens, not cfg.include_outliers)
     for batch in batches:
-        # Sequences were shuffled before the split, so contiguous blocks are random ones.
-        block_of = (batch["seq"].long() * blocks) // n_seq
+        block_of = store.block_of("eval", batch["seq"], blocks)
         has_target = batch["pos"] < seq_len - 1  # the last position predicts nothing
         for b in block_of.unique().tolist():
             rows = block_of == b
@@ -113,7 +111,7 @@ def accumulate(store: Store, cfg: SigmaConfig, readings: tuple[str, ...] | None 
 
 
 def estimate(
-    reading: str, sums: BlockSums, cfg: SigmaConfig, seed: int = 0, probes_per_token: int = 1
+    reading: str, sums: BlockSums, cfg: AnalysisConfig, seed: int = 0, probes_per_token: int = 1
 ) -> SigmaEstimate:
     """Eigenvalues, erank, PR and their uncertainty for one reading's block sums."""
     d = sums.xx.shape[-1]
@@ -203,9 +201,9 @@ def _intervals(name: str, point: float, values: list[float]) -> dict:
     }
 
 
-def measure(store: Store, cfg: SigmaConfig | None = None, seed: int = 0) -> dict:
+def measure(store: Store, cfg: AnalysisConfig | None = None, seed: int = 0) -> dict:
     """All readings the store holds: {reading: SigmaEstimate}."""
-    cfg = cfg or SigmaConfig()
+    cfg = cfg or AnalysisConfig()
     sums = accumulate(store, cfg)
     probes = {
         "logits": store.manifest["key"].get("logit_probes", 0),

@@ -102,6 +102,15 @@ class Store:
         info = self.manifest["splits"][split]
         return info["n_tokens"] - (info["n_outliers"] if drop_outliers else 0)
 
+    def blocks(self, split: str, wanted: int) -> int:
+        """How many sequence blocks a split is cut into for bootstraps: at most one each."""
+        return max(1, min(wanted, self.manifest["splits"][split]["n_sequences"]))
+
+    def block_of(self, split: str, seq: torch.Tensor, blocks: int) -> torch.Tensor:
+        """The block of each token, from its sequence index. Sequences were shuffled before
+        the split, so contiguous blocks are random ones."""
+        return (seq.long() * blocks) // self.manifest["splits"][split]["n_sequences"]
+
     def verify(self) -> None:
         """Check every shard's presence and sha256 against the manifest."""
         for split, info in self.manifest["splits"].items():

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from .score import Scores
 
 
-def calibrate(reference: Scores, percentile: float = 98.0) -> float:
+def calibrate(reference_atp: torch.Tensor, percentile: float = 98.0) -> float:
     """epsilon = the given percentile of AtP over all features of the reference width."""
-    return float(torch.quantile(reference.atp.double(), percentile / 100))
+    return float(torch.quantile(reference_atp.double(), percentile / 100))
 
 
 def counts(scores: dict[int, Scores], epsilon: float) -> dict[int, dict]:
@@ -54,3 +55,26 @@ def wedge(per_width: dict[int, dict]) -> dict:
         "n_repr_loglog_slope": slope("n_repr"),
         "n_causal_loglog_slope": slope("n_causal"),
     }
+
+
+def resampled_counts(
+    scores: dict[int, Scores], reference: int, percentile: float, resamples: int, seed: int = 0
+) -> dict[str, np.ndarray]:
+    """The bootstrap of the counts: eval-sequence blocks drawn with replacement, then every
+    width re-scored from its per-block sums, epsilon re-calibrated on the reference width,
+    and N_causal and N_repr re-counted. Arrays are [resamples, widths] in width order."""
+    widths = sorted(scores)
+    blocks = len(scores[reference].tokens)
+    gen = torch.Generator().manual_seed(seed)
+    n_causal = np.zeros((resamples, len(widths)))
+    n_repr = np.zeros((resamples, len(widths)))
+    epsilon = np.zeros(resamples)
+    for r in range(resamples):
+        w = torch.bincount(torch.randint(0, blocks, (blocks,), generator=gen), minlength=blocks)
+        resampled = {m: scores[m].resample(w) for m in widths}
+        epsilon[r] = eps = calibrate(resampled[reference][0], percentile)
+        for j, m in enumerate(widths):
+            atp, fired = resampled[m]
+            n_causal[r, j] = int((atp > eps).sum())
+            n_repr[r, j] = int((fired > 0).sum())
+    return {"n_causal": n_causal, "n_repr": n_repr, "epsilon": epsilon}

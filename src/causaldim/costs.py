@@ -1,0 +1,100 @@
+"""What a run will cost, before it starts: the disk it needs and a time estimate from a
+count of matmul FLOPs per stage divided by this machine's measured matmul speed.
+
+The estimate ignores attention's own FLOPs and data movement; on the 2-core CPU it was
+written on, the model pass, the backward and SAE training each ran at 50-65% of the peak
+of a large fp32 matmul, so that is the efficiency assumed.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .config import AnalysisConfig, SweepConfig
+from .harvest import Plan
+from .models import decoder_layers
+
+EFFICIENCY = 0.5
+STORE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+EXTRA_BYTES_PER_TOKEN = 4 + 4 + 4 + 1  # token, pos, seq, outlier
+
+
+def matmul_flops_per_second(dtype: str = "float32", size: int = 2048, reps: int = 3) -> float:
+    """The speed of a large square matmul on the default torch device: the machine's peak."""
+    dt = getattr(torch, dtype)
+    a, b = torch.randn(size, size, dtype=dt), torch.randn(size, size, dtype=dt)
+    a @ b  # warm-up
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * size**3 / best
+
+
+def parameter_counts(the_plan: Plan) -> dict[str, int]:
+    """Weights in the blocks up to and including L, above L, and in the output head."""
+    from transformers import AutoModelForCausalLM
+
+    source = the_plan.source
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(
+            source.config, trust_remote_code=source.trust_remote_code
+        )
+    blocks = [
+        sum(p.numel() for p in b.parameters())
+        for b in decoder_layers(skeleton, the_plan.layers_path)
+    ]
+    head = skeleton.get_output_embeddings()
+    return {
+        "through_layer": sum(blocks[: the_plan.layer + 1]),
+        "above_layer": sum(blocks[the_plan.layer + 1 :]),
+        "head": head.weight.numel() if head is not None else 0,
+    }
+
+
+def estimate(
+    the_plan: Plan,
+    sweep: SweepConfig,
+    analysis: AnalysisConfig,
+    flops_per_second: float | None = None,
+) -> dict:
+    cfg = the_plan.config
+    d, seq = the_plan.source.d_model, cfg.seq_len
+    n_train, n_eval = len(the_plan.splits.train) * seq, len(the_plan.splits.eval) * seq
+    params = parameter_counts(the_plan)
+    up, above = params["through_layer"], params["above_layer"] + params["head"]
+    probes = cfg.logit_probes + cfg.fisher_probes
+    n_saes = len(sweep.widths) * len(sweep.architectures)
+    width_sum = sum(sweep.widths) * len(sweep.architectures)
+    flops = {
+        "harvest_train": 2 * up * n_train,
+        # full forward, then one backward from the loss and one per probe, down to L only
+        "harvest_eval": 2 * (up + above) * n_eval + (1 + probes) * 2 * above * n_eval,
+        "sigma": 4 * 2 * n_eval * d * d * (1 + probes / 2)
+        + 4 * (analysis.bootstrap + 7) * 10 * d**3,
+        # encoder forward and backward, decoder forward and backward: about 12 d m a token
+        "sweep": 12 * d * width_sum * n_train * sweep.epochs,
+        "ce_loss_recovered": 2 * (up + above) * sweep.ce_sequences * seq * (2 + n_saes),
+        "scores": 4 * d * width_sum * n_eval,
+    }
+    speed = (flops_per_second or matmul_flops_per_second(cfg.dtype)) * EFFICIENCY
+    seconds = {k: v / speed for k, v in flops.items()}
+    if not the_plan.source.converted and the_plan.source.gguf_origin:
+        seconds["convert_gguf_once"] = 45.0  # measured for SmolLM2-135M on 2 CPU cores
+    element = STORE_BYTES[cfg.store_dtype]
+    store = n_train * (d * element + EXTRA_BYTES_PER_TOKEN) + n_eval * (
+        d * element * (2 + probes) + EXTRA_BYTES_PER_TOKEN
+    )
+    sae_bytes = 4 * (2 * d + 3) * width_sum  # W_enc, W_dec, biases and thresholds, float32
+    return {
+        "tokens": {"train": n_train, "eval": n_eval},
+        "parameters": params,
+        "saes": n_saes,
+        "disk_bytes": {"store": store, "saes": sae_bytes, "total": store + sae_bytes},
+        "matmul_flops_per_second": speed / EFFICIENCY,
+        "efficiency_assumed": EFFICIENCY,
+        "seconds": {**seconds, "total": sum(seconds.values())},
+    }

@@ -1,0 +1,194 @@
+"""`causaldim run` end to end on a tiny model: results.json, the report, re-rendering,
+presets and the dry run, and the refusals specific to the sweep and its analysis."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_cli import snapshot
+
+from causaldim import cli
+from causaldim.config import PRESETS, preset_configs
+from causaldim.errors import UsageError
+
+
+def run_args(model: str, corpus, out) -> list[str]:
+    return [
+        "--quiet",
+        "run",
+        "--model",
+        model,
+        "--corpus",
+        str(corpus),
+        "--tokens",
+        "4096",
+        "--seq-len",
+        "32",
+        "--eval-fraction",
+        "0.25",
+        "--widths",
+        "16",
+        "32",
+        "64",
+        "128",
+        "256",
+        "--k",
+        "4",
+        "--epochs",
+        "2",
+        "--batch-tokens",
+        "256",
+        "--bootstrap",
+        "30",
+        "--blocks",
+        "8",
+        "--ce-sequences",
+        "2",
+        "--out",
+        str(out),
+    ]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, tiny_model, text_corpus):
+    out = tmp_path_factory.mktemp("pipeline") / "run"
+    args = run_args(tiny_model("llama"), text_corpus, out)
+    assert cli.main(args) == 0
+    return out, args
+
+
+def test_results_hold_every_number_of_the_report(finished_run):
+    out, _ = finished_run
+    r = json.loads((out / "results.json").read_text())
+    assert r["schema"] == "causaldim.results/2" and r["headline"] == "topk"
+    a = r["sweep"]["topk"]
+    assert [row["width"] for row in a["per_width"]] == [16, 32, 64, 128, 256]
+    for row in a["per_width"]:
+        for key in ("n_repr", "n_causal", "l0", "fraction_variance_explained", "dead_fraction"):
+            assert row[key] is not None
+        assert 2 < row["l0"] <= 4 and row["n_repr"] <= row["width"]
+        assert len(row["n_causal_95"]) == 2 and row["ce_loss_recovered"] is not None
+    # By calibration: of 16 features only the largest lies above their 98th percentile.
+    assert a["per_width"][0]["n_causal"] == 1
+    assert a["epsilon"] > 0 and len(a["epsilon_95"]) == 2
+    assert a["wedge"]["width_ratio"] == 16 and a["wedge"]["n_repr_growth"] > 1
+    for name in ("free", "at_most_d"):
+        k = a["kappa"][name]
+        assert k["form"] in ("exponential", "hyperbolic", "lomax")
+        assert len(k["interval_95"]) == 2 and set(k["fits"]) == {
+            "exponential",
+            "hyperbolic",
+            "lomax",
+        }
+        assert k["kappa_over_d"] == pytest.approx(k["kappa"] / 32)
+        assert "coverage" in k and "width_95" in k
+    assert a["kappa"]["at_most_d"]["kappa"] <= 32
+    assert set(r["sigma"]) == {"loss", "logits", "fisher", "activations"}
+    for est in r["sigma"].values():
+        assert 1 <= est["erank"] <= 32 and len(est["bootstrap"]["erank_95"]) == 2
+    assert r["seconds"]["total"] > 0 and r["versions"]["torch"]
+    assert r["inputs"]["store"]["manifest_sha256"] and r["inputs"]["corpus"]["sha256"]
+    assert r["paper"]["kappa_hat"] == 1990 and r["config"]["sweep"]["k"] == 4
+
+
+def test_the_report_renders_and_re_renders_from_results_alone(finished_run, capsys):
+    out, _ = finished_run
+    md = (out / "report.md").read_text()
+    for text in ("kappa_hat", "Beside the paper", "N_causal", "Direct Sigma", "![wedge_topk]"):
+        assert text in md
+    page = (out / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 3  # sigma, wedge, AtP figures inlined
+    for name in ("sigma.png", "wedge_topk.png", "atp_topk.png"):
+        assert (out / "figures" / name).stat().st_size > 10_000
+        (out / "figures" / name).unlink()
+    (out / "report.md").unlink()
+    assert cli.main(["report", str(out / "results.json")]) == 0
+    assert (out / "report.md").read_text() == md
+    assert (out / "figures" / "wedge_topk.png").is_file()
+    assert "kappa_hat" in capsys.readouterr().out
+
+
+def test_a_rerun_reuses_store_and_saes_and_gives_the_same_numbers(finished_run, capsys):
+    out, args = finished_run
+    before = json.loads((out / "results.json").read_text())
+    assert cli.main(args) == 0
+    after = json.loads((out / "results.json").read_text())
+    assert after["store"]["reused"] and all(s["reused"] for s in after["saes"].values())
+    assert after["sweep"] == before["sweep"] and after["sigma"] == before["sigma"]
+    assert "wall time" in capsys.readouterr().out
+
+
+def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, tiny_model, text_corpus, capsys):
+    out = tmp_path / "out"
+    args = run_args(tiny_model("llama"), text_corpus, out)
+    before = snapshot(tmp_path)
+    assert cli.main([*args, "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    for text in ("tokens: 3,072 train, 1,024 eval", "disk: store", "time, rough", "nothing"):
+        assert text in printed
+    assert snapshot(tmp_path) == before and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--widths", "64", "32", "128"], "--widths must be strictly increasing"),
+        (["--reference-width", "48"], "--reference-width 48 is not among --widths"),
+        (["--percentile", "100"], "--percentile must lie in (0, 100)"),
+        (["--percentile", "0"], "--percentile must lie in (0, 100)"),
+        (["--preset", "huge"], "unknown preset 'huge'"),
+    ],
+)
+def test_bad_sweep_and_analysis_input(tmp_path, tiny_model, text_corpus, capsys, flags, message):
+    out = tmp_path / "out"
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    assert cli.main([*run_args(tiny_model("llama"), text_corpus, out), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert snapshot(tmp_path) == before and not out.exists()
+
+
+def test_a_store_without_gradients_is_refused_for_scoring(finished_run, tmp_path, capsys):
+    import shutil
+
+    out, args = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    (manifest,) = copy.glob("stores/*/manifest.json")
+    m = json.loads(manifest.read_text())
+    m["splits"]["eval"]["fields"] = [f for f in m["splits"]["eval"]["fields"] if f != "g"]
+    manifest.write_text(json.dumps(m))
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    assert cli.main([*args[:-1], str(copy)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "has no gradients (g)" in err and len(err.splitlines()) == 1
+    assert snapshot(tmp_path) == before
+
+
+def test_results_of_another_schema_are_refused(finished_run, tmp_path, capsys):
+    out, _ = finished_run
+    old = json.loads((out / "results.json").read_text())
+    old["schema"] = "causaldim.results/1"
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(old))
+    (tmp_path / "report.md").write_text("an older report\n")
+    before = snapshot(tmp_path)
+    assert cli.main(["report", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "schema causaldim.results/1" in err and len(err.splitlines()) == 1
+    assert snapshot(tmp_path) == before
+
+
+def test_presets_and_their_overrides():
+    harvest, sweep, analysis = preset_configs("paper")
+    assert (harvest.model, harvest.layer, harvest.seq_len) == ("google/gemma-2-2b", 12, 512)
+    assert sweep.widths[0] == 16_384 and sweep.widths[-1] == 1_048_576
+    default = preset_configs("default")[1]
+    assert len(default.widths) >= 5 and default.widths[-1] / default.widths[0] >= 16
+    smoke = preset_configs("smoke", k=4)[1]
+    assert smoke.k == 4 and smoke.widths == PRESETS["smoke"]["widths"]
+    with pytest.raises(UsageError, match="unknown setting"):
+        preset_configs("smoke", not_a_field=1)
