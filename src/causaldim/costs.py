@@ -1,9 +1,10 @@
 """What a run will cost, before it starts: the disk it needs and a time estimate from a
 count of matmul FLOPs per stage divided by this machine's measured matmul speed.
 
-The estimate ignores attention's own FLOPs and data movement; on the 2-core CPU it was
-written on, the model pass, the backward and SAE training each ran at 50-65% of the peak
-of a large fp32 matmul, so that is the efficiency assumed.
+The estimate ignores attention's own FLOPs and data movement. On the 2-core CPU it was
+written on (large fp32 matmuls at 100-120 GFLOP/s), the default run's stages ran at 40-80%
+of that peak (the stopped forward fastest, the Sigma eigendecompositions slowest): 60% is
+assumed.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from .config import AnalysisConfig, SweepConfig
 from .harvest import Plan
 from .models import decoder_layers
 
-EFFICIENCY = 0.5
+EFFICIENCY = 0.6
 STORE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 EXTRA_BYTES_PER_TOKEN = 4 + 4 + 4 + 1  # token, pos, seq, outlier
 
 
-def matmul_flops_per_second(dtype: str = "float32", size: int = 2048, reps: int = 3) -> float:
+def matmul_flops_per_second(dtype: str = "float32", size: int = 2048, reps: int = 5) -> float:
     """The speed of a large square matmul on the default torch device: the machine's peak."""
     dt = getattr(torch, dtype)
     a, b = torch.randn(size, size, dtype=dt), torch.randn(size, size, dtype=dt)

@@ -13,12 +13,11 @@ from typing import NamedTuple
 
 from tqdm.auto import tqdm
 
-from . import __version__
+from . import __version__, models
 from .analysis import PAPER, analyze
 from .config import AnalysisConfig, HarvestConfig, SweepConfig
 from .fileio import atomic_write_json, sha256_file
 from .harvest import harvest, plan
-from .models import load_model
 from .report import SCHEMA, render
 from .sae.sweep import load_entry, run_sweep, splice_evaluation
 from .score import atp_scores, require_gradients
@@ -75,7 +74,7 @@ def run(
     ce = None
     if sweep_cfg.ce_sequences:
         t = time.perf_counter()
-        lm = result.lm or load_model(the_plan.source, cfg.dtype, the_plan.layers_path)
+        lm = result.lm or models.load_model(the_plan.source, cfg.dtype, the_plan.layers_path)
         seqs = the_plan.splits.eval[: sweep_cfg.ce_sequences]
         ce = splice_evaluation(lm, store, seqs, entries)
         del lm
@@ -148,7 +147,7 @@ def run(
         "sweep": sweep,
         "headline": sweep_cfg.architectures[0],
         "paper": PAPER,
-        "versions": m["versions"],
+        "versions": {**m["versions"], **_versions()},
         "started": started,
         "seconds": seconds,
     }
@@ -161,3 +160,16 @@ def run(
     atomic_write_json(path, results)  # the final timings; the text report shows them
     render(path, figures=False)
     return RunResult(results, path, outputs)
+
+
+def _versions() -> dict:
+    import platform
+
+    import numpy
+    import scipy
+
+    return {
+        "python": platform.python_version(),
+        "numpy": numpy.__version__,
+        "scipy": scipy.__version__,
+    }

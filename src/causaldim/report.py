@@ -155,7 +155,8 @@ def plot_wedge(results: dict, arch: str, path: Path) -> Path:
     ax.axvline(widths[-1], color="grey", lw=0.6)
     ax.set_xscale("log")
     ax.set_yscale("symlog", linthresh=1)  # logarithmic above 1, and zero counts still show
-    ax.set_ylim(bottom=0)
+    top = max([r["n_repr"] for r in rows] + [d])
+    ax.set_ylim(0, top * 2)
     ax.set_xlabel("SAE width m")
     ax.set_ylabel("features (log above 1)")
     ax.set_title(
@@ -183,8 +184,9 @@ def plot_atp(results: dict, arch: str, path: Path) -> Path:
             label=f"m = {r['width']} ({h['zero']} never fired)",
         )
     ax.axvline(0, color="C3", lw=1, ls="--", label="epsilon")
+    ax.set_yscale("log")  # the few causal features sit in the right tail
     ax.set_xlabel("log10(AtP / epsilon)")
-    ax.set_ylabel("fraction of features")
+    ax.set_ylabel("fraction of features (log)")
     ax.set_title(f"AtP score distributions, {arch} SAEs (right of the line: causal)")
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -448,8 +450,16 @@ def build_report(results: dict, figures: dict[str, Path]) -> Doc:
                 for r in arch_results["per_width"]
             ],
         )
+        kappas = arch_results["kappa"]
+        binds = any(
+            kappas["free"]["fits"][f]["kappa"] != kappas["at_most_d"]["fits"][f]["kappa"]
+            for f in kappas["free"]["fits"]
+        )
         for bound_name, label in (("free", "free"), ("at_most_d", "kappa <= d")):
-            k = arch_results["kappa"][bound_name]
+            k = kappas[bound_name]
+            if bound_name == "at_most_d" and not binds:
+                doc.p(f"The constraint kappa <= d = {d} binds no fit: the same table holds.")
+                continue
             doc.p(f"Saturating fits ({label}); chosen by AIC: {k['form']}.")
             doc.table(
                 ["form", "kappa_hat", "95% CI", "AIC", "width for 95%", "won in resamples", "note"],
@@ -492,9 +502,14 @@ def build_report(results: dict, figures: dict[str, Path]) -> Doc:
 
     doc.h(2, "Provenance")
     ce = results.get("ce")
+    identity = results["inputs"]["model"]
+    files = identity.get("files") or {}
     items = [
-        f"model {name}: "
-        + ", ".join(f"{k} {v}" for k, v in results["inputs"]["model"].items() if k != "name"),
+        f"model {name} ({identity.get('family')}): "
+        + (
+            ", ".join(f"{f} {digest}" for f, digest in files.items())
+            or f"hub {identity.get('hub_id')} revision {identity.get('revision')}"
+        ),
         f"corpus {results['inputs']['corpus']['id']}, sha256 "
         f"{results['inputs']['corpus'].get('sha256', 'n/a')}",
         f"store {results['inputs']['store']['path']} "
