@@ -88,6 +88,9 @@ def plot_sigma(results: dict, path: Path) -> Path:
     ax_spec.set_title(f"Sigma spectra, layer {results['store']['layer']} (d = {d})")
     ax_spec.legend(fontsize=7)
     ax_conv.axhline(d, color="grey", lw=0.8, ls=":")
+    from matplotlib.ticker import NullFormatter
+
+    ax_conv.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide on a log axis
     ax_conv.set_xlabel("rank-1 samples")
     ax_conv.set_ylabel("erank")
     ax_conv.set_title("convergence (95% bootstrap interval at the end)")
