@@ -85,6 +85,7 @@ def _settings(cfg: SweepConfig, seed: int) -> TrainSettings:
         target_l0=float(cfg.k),
         dead_tokens=cfg.dead_tokens,
         seed=seed,
+        compute_dtype=cfg.sae_dtype,
     )
 
 

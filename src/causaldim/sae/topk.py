@@ -1,10 +1,74 @@
-"""TopK SAE (Gao et al. 2024): keep the k largest pre-activations per token."""
+"""TopK SAE (Gao et al. 2024): keep the k largest pre-activations per token.
+
+Training uses a fused, sparse step: the encoder product is the only dense work (optionally
+in bf16); the decoder is an embedding_bag over the k selected rows, and the encoder's
+backward touches only the selected (token, feature) pairs. `activate`/`decode` remain the
+simple dense definition, which tests hold the fused step to.
+"""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+import torch.nn.functional as F
 
 from .base import SAE
+
+
+class _SelectTopK(torch.autograd.Function):
+    """(x, b_dec, W_enc, b_enc) -> the k largest pre-activations per token (ReLU'd) and
+    their indices, and optionally the k_aux largest among dead features (AuxK).
+    pre = (x - b_dec) W_enc + b_enc is computed densely in `dtype`; the backward gives
+    gradients only through the selected entries, in float32."""
+
+    @staticmethod
+    def forward(ctx, x, b_dec, W_enc, b_enc, k, dead, k_aux, dtype):
+        xc = x - b_dec
+        # The bias rides in the product as one more input column: adding it to the
+        # [tokens, width] result afterwards would cost a full extra pass over it.
+        ones = xc.new_ones(len(xc), 1)
+        pre = torch.cat([xc, ones], 1).to(dtype) @ torch.cat([W_enc, b_enc[None]]).to(dtype)
+        vals, idx = pre.topk(k, dim=-1, sorted=False)
+        if dead is not None:
+            masked = pre.masked_fill_(~dead, float("-inf"))  # pre is not needed after this
+            aux_vals, aux_idx = masked.topk(min(k_aux, int(dead.sum())), dim=-1, sorted=False)
+            aux_vals = aux_vals.float().clamp_min(0)  # -inf (fewer dead than k_aux) -> 0
+        else:
+            aux_vals = x.new_zeros(len(x), 0)
+            aux_idx = idx.new_zeros(len(x), 0)
+        vals = vals.float().relu()
+        ctx.save_for_backward(xc, W_enc, idx, vals, aux_idx, aux_vals)
+        ctx.mark_non_differentiable(idx, aux_idx)
+        return vals, idx, aux_vals, aux_idx
+
+    @staticmethod
+    def backward(ctx, grad_vals, _grad_idx, grad_aux, _grad_aux_idx):
+        xc, W_enc, idx, vals, aux_idx, aux_vals = ctx.saved_tensors
+        grad_pre = grad_vals * (vals > 0)  # ReLU after the selection
+        idx_all = idx
+        if aux_idx.shape[1]:
+            grad_pre = torch.cat([grad_pre, grad_aux * (aux_vals > 0)], 1)
+            idx_all = torch.cat([idx, aux_idx], 1)
+        width = W_enc.shape[1]
+        grad_b_enc = grad_pre.new_zeros(width).index_add_(0, idx_all.flatten(), grad_pre.flatten())
+        # dL/dW_enc^T[i] = sum over the (token, slot) pairs that selected i of
+        # grad_pre * xc: exactly an embedding_bag's weight gradient with per-sample
+        # weights grad_pre and output gradient xc, which torch computes without
+        # materialising the [tokens, k, d] products.
+        with torch.enable_grad():
+            table = grad_pre.new_zeros(width, xc.shape[1], requires_grad=True)
+            bags = F.embedding_bag(idx_all, table, per_sample_weights=grad_pre, mode="sum")
+            (grad_W_enc_t,) = torch.autograd.grad(bags, table, xc)
+        grad_b_dec = -(W_enc @ grad_b_enc)  # x - b_dec enters every pre-activation
+        return None, grad_b_dec, grad_W_enc_t.T, grad_b_enc, None, None, None, None
+
+
+class TrainOutput(NamedTuple):
+    x_hat: torch.Tensor
+    vals: torch.Tensor  # [tokens, k] selected activations (0 where ReLU cut them)
+    idx: torch.Tensor  # [tokens, k] their features
+    aux_loss: torch.Tensor  # AuxK loss (0 without dead features)
 
 
 class TopKSAE(SAE):
@@ -14,23 +78,23 @@ class TopKSAE(SAE):
         vals, idx = pre.topk(self.cfg.k, dim=-1)
         return torch.zeros_like(pre).scatter_(-1, idx, vals.relu())
 
-    def aux_loss(
+    def train_forward(
         self,
         x: torch.Tensor,
-        x_hat: torch.Tensor,
-        pre: torch.Tensor,
-        dead: torch.Tensor,
-        k_aux: int,
-    ) -> torch.Tensor:
-        """AuxK: dead features try to reconstruct what the live ones missed, so that
-        they receive gradient and come back to life."""
-        n_dead = int(dead.sum())
-        if n_dead == 0:
-            return pre.new_zeros(())
-        masked = pre.masked_fill(~dead, float("-inf"))
-        vals, idx = masked.topk(min(k_aux, n_dead), dim=-1)
-        f_aux = torch.zeros_like(pre).scatter_(-1, idx, vals.relu())
-        residual = (x - x_hat).detach()
-        e_hat = f_aux @ self.W_dec
-        denom = (residual - residual.mean(0)).pow(2).sum().clamp_min(1e-12)
-        return (e_hat - residual).pow(2).sum() / denom
+        dead: torch.Tensor | None = None,
+        k_aux: int = 256,
+        dtype: torch.dtype = torch.float32,
+    ) -> TrainOutput:
+        """The fused training forward: reconstruction and, with dead features, the AuxK
+        loss (dead features try to reconstruct what the live ones missed)."""
+        vals, idx, aux_vals, aux_idx = _SelectTopK.apply(
+            x, self.b_dec, self.W_enc, self.b_enc, self.cfg.k, dead, k_aux, dtype
+        )
+        x_hat = F.embedding_bag(idx, self.W_dec, per_sample_weights=vals, mode="sum") + self.b_dec
+        aux = x.new_zeros(())
+        if aux_idx.shape[1]:
+            residual = (x - x_hat).detach()
+            e_hat = F.embedding_bag(aux_idx, self.W_dec, per_sample_weights=aux_vals, mode="sum")
+            denom = (residual - residual.mean(0)).pow(2).sum().clamp_min(1e-12)
+            aux = (e_hat - residual).pow(2).sum() / denom
+        return TrainOutput(x_hat, vals, idx, aux)

@@ -32,6 +32,7 @@ class TrainSettings:
     aux_coef: float = 1 / 32
     decay_fraction: float = 0.2  # the learning rate falls linearly to 0 over this tail
     seed: int = 0
+    compute_dtype: str = "float32"  # TopK's dense encoder product; weights stay float32
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -73,11 +74,12 @@ def train_sae(
     `held_out` tokens, a final uniform shift of the firing bars matches L0 exactly."""
     gen = torch.Generator().manual_seed(settings.seed)
     sae.reset(gen)
-    opt = torch.optim.Adam(sae.parameters(), lr=settings.lr, betas=(0.9, 0.999))
+    opt = torch.optim.Adam(sae.parameters(), lr=settings.lr, betas=(0.9, 0.999), fused=True)
     decay_start = int(total_steps * (1 - settings.decay_fraction))
     coef = sae.init_sparsity_coef if settings.init_coef is None else settings.init_coef
     since_fired = torch.zeros(sae.cfg.width, dtype=torch.long)
     is_topk = isinstance(sae, TopKSAE)
+    dtype = getattr(torch, settings.compute_dtype)
     step, tokens, history, recent = 0, 0, [], []
     first = True
     for _ in range(settings.epochs):
@@ -91,29 +93,32 @@ def train_sae(
             lr = settings.lr * min(1.0, (total_steps - step) / max(1, total_steps - decay_start))
             for group in opt.param_groups:
                 group["lr"] = lr
-            pre = sae.pre_acts(x)
-            f = sae.activate(pre)
-            x_hat = sae.decode(f)
-            mse = (x_hat - x).pow(2).sum(-1).mean()
-            mse_value = mse.item()
-            loss = mse
-            active = f > 0  # computed once per step, used for dead tracking and L0
-            fired = active.any(0)
-            since_fired += len(x)
-            since_fired[fired] = 0
-            dead = since_fired > settings.dead_tokens
-            if is_topk:
-                k_aux = min(settings.aux_k, sae.cfg.width)
-                loss = loss + settings.aux_coef * sae.aux_loss(x, x_hat, pre, dead, k_aux)
+            if is_topk:  # the fused sparse step; dead features as of the last step
+                dead = since_fired > settings.dead_tokens
+                out = sae.train_forward(x, dead if dead.any() else None, settings.aux_k, dtype)
+                mse = (out.x_hat - x).pow(2).sum(-1).mean()
+                loss = mse + settings.aux_coef * out.aux_loss
+                active_idx = out.idx[out.vals > 0]
+                n_active = len(active_idx)
             else:
-                loss = loss + coef * sae.sparsity_loss(pre, f)
+                pre = sae.pre_acts(x)
+                f = sae.activate(pre)
+                mse = (sae.decode(f) - x).pow(2).sum(-1).mean()
+                loss = mse + coef * sae.sparsity_loss(pre, f)
+                active = f > 0  # computed once per step, used for dead tracking and L0
+                active_idx = active.nonzero()[:, 1]
+                n_active = int(active.sum())
             opt.zero_grad(set_to_none=True)
             loss.backward()
             sae.remove_parallel_grad()
             opt.step()
             sae.normalize_decoder()
 
-            l0 = float(active.sum(-1).float().mean())
+            since_fired += len(x)
+            since_fired[active_idx] = 0
+            dead = since_fired > settings.dead_tokens
+            mse_value = mse.item()
+            l0 = n_active / len(x)
             if not is_topk:  # integral control of the coefficient toward the target L0
                 error = math.log(max(l0, 1e-3) / settings.target_l0)
                 coef *= math.exp(settings.controller_rate * max(-1.0, min(1.0, error)))

@@ -1,0 +1,118 @@
+"""TopK SAE training step against its floor, measured side by side in one run.
+
+The floor is the one dense product a TopK step cannot avoid: the encoder's
+(B x d) @ (d x W). The fused step (sparse decoder, sparse encoder backward) is timed
+through `train_sae` itself, per step, as (time of warm-up + N steps - time of warm-up
+steps) / N, so that Adam, decoder renormalisation and bookkeeping are all counted. The
+dense definition of the same step (what the trainer did before) is timed beside it.
+
+    .venv/bin/python benchmarks/sae_step.py [--store runs/default/stores/L15-...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from causaldim.sae import SAEConfig, build
+from causaldim.sae.train import Normalizer, TrainSettings, train_sae
+from causaldim.store import Store
+
+
+def activations(store: str | None, d: int, n: int) -> torch.Tensor:
+    if store is None:
+        return torch.randn(n, d)
+    rows, have = [], 0
+    for batch in Store(store).batches("train", ("h",), 8192):
+        rows.append(batch["h"])
+        have += len(batch["h"])
+        if have >= n:
+            break
+    x = torch.cat(rows)[:n]
+    norm = Normalizer.fit(x)
+    return norm(x)
+
+
+def median_time(fn, reps: int) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def step_time(x, width, k, batch, dtype, warmup, steps) -> float:
+    d = x.shape[1]
+    norm = Normalizer(torch.zeros(d), 1.0)
+
+    def run(n):
+        sae = build(SAEConfig("topk", d, width, k=k))
+        settings = TrainSettings(compute_dtype=dtype)
+        chunks = [x[(i * batch) % len(x) :][:batch] for i in range(n)]
+        t = time.perf_counter()
+        train_sae(sae, lambda: chunks, settings, n, norm)
+        return time.perf_counter() - t
+
+    return (run(warmup + steps) - run(warmup)) / steps
+
+
+def dense_step_time(x, width, k, batch, reps) -> float:
+    """The dense definition: scatter into [B, W], decode with a matmul, dense backward."""
+    d = x.shape[1]
+    sae = build(SAEConfig("topk", d, width, k=k))
+    sae.reset(torch.Generator().manual_seed(0))
+    opt = torch.optim.Adam(sae.parameters(), lr=1e-4)
+    xb = x[:batch]
+
+    def step():
+        x_hat = sae.decode(sae.encode(xb))
+        loss = (x_hat - xb).pow(2).sum(-1).mean()
+        opt.zero_grad()
+        loss.backward()
+        sae.remove_parallel_grad()
+        opt.step()
+        sae.normalize_decoder()
+
+    return median_time(step, reps)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--store", help="a causaldim store folder (default: Gaussian data)")
+    p.add_argument("--d", type=int, default=576, help="width of the data without --store")
+    p.add_argument("--width", type=int, default=16384)
+    p.add_argument("--k", type=int, default=32)
+    p.add_argument("--batch", type=int, default=4096)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--dense", action="store_true", help="also time the dense definition")
+    args = p.parse_args()
+
+    torch.manual_seed(0)
+    x = activations(args.store, args.d, args.batch * 4)
+    d = x.shape[1]
+    print(
+        f"TopK step, W={args.width}, k={args.k}, B={args.batch}, d={d}, "
+        f"{torch.get_num_threads()} threads, {'store' if args.store else 'Gaussian'} data"
+    )
+    for dtype in ("float32", "bfloat16"):
+        dt = getattr(torch, dtype)
+        a, w = x[: args.batch].to(dt), torch.randn(d, args.width).to(dt)
+        floor = median_time(lambda a=a, w=w: a @ w, args.steps)
+        ours = step_time(x, args.width, args.k, args.batch, dtype, args.warmup, args.steps)
+        print(
+            f"{dtype:>9}: encoder matmul {floor:.3f} s; fused step {ours:.3f} s "
+            f"({args.batch / ours:,.0f} tokens/s); step / floor = {ours / floor:.2f}"
+        )
+    if args.dense:
+        dense = dense_step_time(x, args.width, args.k, args.batch, args.steps)
+        print(f"  float32 dense definition of the step: {dense:.3f} s")
+
+
+if __name__ == "__main__":
+    main()
