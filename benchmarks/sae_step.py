@@ -91,6 +91,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--dense", action="store_true", help="also time the dense definition")
+    p.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=["float32", "bfloat16"],
+        help="compute dtypes to time (bfloat16 is slow on CPUs without bf16 instructions)",
+    )
     args = p.parse_args()
 
     torch.manual_seed(0)
@@ -100,7 +106,7 @@ def main() -> None:
         f"TopK step, W={args.width}, k={args.k}, B={args.batch}, d={d}, "
         f"{torch.get_num_threads()} threads, {'store' if args.store else 'Gaussian'} data"
     )
-    for dtype in ("float32", "bfloat16"):
+    for dtype in args.dtypes:
         dt = getattr(torch, dtype)
         a, w = x[: args.batch].to(dt), torch.randn(d, args.width).to(dt)
         floor = median_time(lambda a=a, w=w: a @ w, args.steps)

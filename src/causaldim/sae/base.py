@@ -91,11 +91,12 @@ class SAE(nn.Module):
 
     @torch.no_grad()
     def remove_parallel_grad(self) -> None:
-        """Keep decoder rows on the unit sphere: drop the gradient along each row."""
+        """Keep decoder rows on the unit sphere: drop the gradient along each row (the rows
+        are unit vectors already: `reset` and `normalize_decoder` keep them so)."""
         if self.W_dec.grad is None:
             return
-        w = self.W_dec / self.W_dec.norm(dim=1, keepdim=True).clamp_min(1e-12)
-        self.W_dec.grad -= (self.W_dec.grad * w).sum(1, keepdim=True) * w
+        along = torch.linalg.vecdot(self.W_dec.grad, self.W_dec, dim=1)
+        self.W_dec.grad.addcmul_(along[:, None], self.W_dec, value=-1)
 
     @torch.no_grad()
     def fold_normalization(self, mean: torch.Tensor, scale: float) -> None:

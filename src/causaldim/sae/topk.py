@@ -53,13 +53,23 @@ class _SelectTopK(torch.autograd.Function):
         width = W_enc.shape[1]
         grad_b_enc = grad_pre.new_zeros(width).index_add_(0, idx_all.flatten(), grad_pre.flatten())
         # dL/dW_enc^T[i] = sum over the (token, slot) pairs that selected i of
-        # grad_pre * xc: exactly an embedding_bag's weight gradient with per-sample
-        # weights grad_pre and output gradient xc, which torch computes without
-        # materialising the [tokens, k, d] products.
-        with torch.enable_grad():
-            table = grad_pre.new_zeros(width, xc.shape[1], requires_grad=True)
-            bags = F.embedding_bag(idx_all, table, per_sample_weights=grad_pre, mode="sum")
-            (grad_W_enc_t,) = torch.autograd.grad(bags, table, xc)
+        # grad_pre * xc: exactly the weight gradient of an embedding_bag (bags = tokens,
+        # per-sample weights grad_pre, output gradient xc). Its backward kernel computes
+        # that without materialising the [tokens, k, d] products; called directly, it
+        # also skips the forward an autograd call would need.
+        tokens, slots = idx_all.shape
+        grad_W_enc_t = torch.ops.aten._embedding_bag_dense_backward(
+            xc,
+            idx_all.flatten(),
+            torch.arange(tokens, device=xc.device).repeat_interleave(slots),  # offset2bag
+            torch.full((tokens,), slots, device=xc.device),  # bag sizes
+            idx_all.new_empty(0),  # maximum indices: only for mode "max"
+            width,
+            False,  # scale_grad_by_freq
+            0,  # mode "sum"
+            grad_pre.flatten(),
+            -1,  # no padding index
+        )
         grad_b_dec = -(W_enc @ grad_b_enc)  # x - b_dec enters every pre-activation
         return None, grad_b_dec, grad_W_enc_t.T, grad_b_enc, None, None, None, None
 

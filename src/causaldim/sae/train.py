@@ -88,7 +88,8 @@ def train_sae(
             if first:  # b_dec starts at the data's centre, sparsity at the target
                 with torch.no_grad():
                     sae.b_dec.copy_(x.mean(0))
-                    sae.calibrate(sae.pre_acts(x), settings.target_l0)
+                    if not is_topk:  # TopK's L0 is fixed: nothing to calibrate
+                        sae.calibrate(sae.pre_acts(x), settings.target_l0)
                 first = False
             lr = settings.lr * min(1.0, (total_steps - step) / max(1, total_steps - decay_start))
             for group in opt.param_groups:
