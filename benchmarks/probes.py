@@ -12,11 +12,10 @@
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
-import time
 
 import torch
+from timing import median_time
 
 from causaldim.config import AnalysisConfig, HarvestConfig
 from causaldim.corpus import load_corpus, tokenize
@@ -29,15 +28,6 @@ def forward_only(lm, layer, ids):
     """The forward of the eval pass, graph recorded from L up, no backward."""
     with torch.enable_grad(), _tap(lm.layers[layer], "leaf"):
         return lm.model(input_ids=ids, use_cache=False).logits
-
-
-def median_time(fn, reps):
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def main() -> None:
