@@ -72,6 +72,12 @@ def _add_preset(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_configs(parser: argparse.ArgumentParser, values: dict, *classes) -> None:
+    _add_preset(parser)
+    for cls in classes:
+        _add_config_args(parser, cls, values)
+
+
 def _parser(preset: str = "default") -> argparse.ArgumentParser:
     values = PRESETS[preset]
     parser = argparse.ArgumentParser(
@@ -89,8 +95,7 @@ def _parser(preset: str = "default") -> argparse.ArgumentParser:
         description="Train split: h at layer L (forward stopped at L). Eval split: h and "
         "g = dLoss/dh (backward from the loss down to L only). Reuses a matching store.",
     )
-    _add_preset(p)
-    _add_config_args(p, HarvestConfig, values)
+    _add_configs(p, values, HarvestConfig)
     p.set_defaults(func=_cmd_harvest)
 
     p = sub.add_parser(
@@ -102,16 +107,13 @@ def _parser(preset: str = "default") -> argparse.ArgumentParser:
         "saturating fits (AIC, bootstrap over eval sequences) -> results.json -> report. "
         "A finished store and finished SAEs are reused on a re-run.",
     )
-    _add_preset(p)
     p.add_argument(
         "--dry-run",
         action="store_true",
         help="Check the input, print the plan, the disk it needs and a time estimate; "
         "write nothing.",
     )
-    _add_config_args(p, HarvestConfig, values)
-    _add_config_args(p, SweepConfig, values)
-    _add_config_args(p, AnalysisConfig, values)
+    _add_configs(p, values, HarvestConfig, SweepConfig, AnalysisConfig)
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser(
@@ -121,9 +123,7 @@ def _parser(preset: str = "default") -> argparse.ArgumentParser:
         "outliers left out, evaluated on the eval split, saved under OUT/saes/. Finished "
         "SAEs are skipped on a re-run.",
     )
-    _add_preset(p)
-    _add_config_args(p, HarvestConfig, values)
-    _add_config_args(p, SweepConfig, values)
+    _add_configs(p, values, HarvestConfig, SweepConfig)
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser(
@@ -224,11 +224,11 @@ def _cmd_train(args) -> int:
     if sweep_cfg.ce_sequences:
         from .fileio import atomic_write_json
         from .models import load_model
-        from .sae.sweep import splice_evaluation
+        from .sae.sweep import load_entries, splice_evaluation
 
         lm = load_model(the_plan.source, cfg.dtype, the_plan.layers_path)
         spliced = splice_evaluation(
-            lm, store, the_plan.splits.eval[: sweep_cfg.ce_sequences], entries
+            lm, store, the_plan.splits.eval[: sweep_cfg.ce_sequences], load_entries(entries)
         )
         atomic_write_json(Path(cfg.out) / "saes" / "ce_loss_recovered.json", spliced)
         ce = spliced["saes"]

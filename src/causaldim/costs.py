@@ -15,7 +15,7 @@ import torch
 
 from .config import AnalysisConfig, SweepConfig
 from .harvest import Plan
-from .models import decoder_layers
+from .models import decoder_layers, skeleton
 
 EFFICIENCY = 0.6
 STORE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -37,18 +37,11 @@ def matmul_flops_per_second(dtype: str = "float32", size: int = 2048, reps: int 
 
 def parameter_counts(the_plan: Plan) -> dict[str, int]:
     """Weights in the blocks up to and including L, above L, and in the output head."""
-    from transformers import AutoModelForCausalLM
-
-    source = the_plan.source
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(
-            source.config, trust_remote_code=source.trust_remote_code
-        )
+    model = skeleton(the_plan.source)
     blocks = [
-        sum(p.numel() for p in b.parameters())
-        for b in decoder_layers(skeleton, the_plan.layers_path)
+        sum(p.numel() for p in b.parameters()) for b in decoder_layers(model, the_plan.layers_path)
     ]
-    head = skeleton.get_output_embeddings()
+    head = model.get_output_embeddings()
     return {
         "through_layer": sum(blocks[: the_plan.layer + 1]),
         "above_layer": sum(blocks[the_plan.layer + 1 :]),

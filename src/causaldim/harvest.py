@@ -30,6 +30,7 @@ from .models import (
     load_model,
     load_tokenizer,
     resolve_model,
+    skeleton,
 )
 from .store import FORMAT, MANIFEST, ShardWriter, Store, StoreError
 
@@ -218,14 +219,8 @@ def plan(cfg: HarvestConfig) -> Plan:
 
 
 def _check_layers_path(source: ModelSource, path: str) -> None:
-    """Build the model skeleton on the meta device (no memory, no weights) to check it."""
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(
-            source.config, trust_remote_code=source.trust_remote_code
-        )
-    decoder_layers(skeleton, path)
+    """Check the path on the model's meta-device skeleton (no memory, no weights)."""
+    decoder_layers(skeleton(source), path)
 
 
 def _check_out_folder(out: Path, identity: dict) -> None:

@@ -172,6 +172,16 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
         ) from exc
 
 
+def skeleton(source: ModelSource) -> nn.Module:
+    """The model built on the meta device: its structure, no memory, no weights."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(
+            source.config, trust_remote_code=source.trust_remote_code
+        )
+
+
 def layers_path_for(source: ModelSource, override: str | None = None) -> str:
     if override:
         return override

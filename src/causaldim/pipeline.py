@@ -19,7 +19,7 @@ from .config import AnalysisConfig, HarvestConfig, SweepConfig
 from .fileio import atomic_write_json, sha256_file
 from .harvest import harvest, plan
 from .report import SCHEMA, render
-from .sae.sweep import load_entry, run_sweep, splice_evaluation
+from .sae.sweep import load_entries, run_sweep, splice_evaluation
 from .score import atp_scores, require_gradients
 from .sigma import measure
 
@@ -69,6 +69,7 @@ def run(
 
     t = time.perf_counter()
     entries = run_sweep(store, out, sweep_cfg, cfg.seed, progress=progress)
+    saes = load_entries(entries)
     stage("sweep", t)
 
     ce = None
@@ -76,24 +77,23 @@ def run(
         t = time.perf_counter()
         lm = result.lm or models.load_model(the_plan.source, cfg.dtype, the_plan.layers_path)
         seqs = the_plan.splits.eval[: sweep_cfg.ce_sequences]
-        ce = splice_evaluation(lm, store, seqs, entries)
+        ce = splice_evaluation(lm, store, seqs, saes)
         del lm
         stage("ce_loss_recovered", t)
 
     t = time.perf_counter()
     scores, evals, training = {}, {}, {}
-    for e in tqdm(entries, desc="AtP scores", disable=not progress):
-        sae = load_entry(e).requires_grad_(False)
+    for e, (name, sae) in tqdm(
+        zip(entries, saes.items(), strict=True), desc="AtP scores", disable=not progress
+    ):
         scores.setdefault(e.architecture, {})[e.width] = atp_scores(
             sae, store, analysis_cfg.blocks, analysis_cfg.read_tokens
         )
         ev = dict(e.meta["eval"])
         if ce is not None:
-            ev["ce_loss_recovered"] = ce["saes"][f"{e.architecture}-w{e.width}"][
-                "ce_loss_recovered"
-            ]
+            ev["ce_loss_recovered"] = ce["saes"][name]["ce_loss_recovered"]
         evals.setdefault(e.architecture, {})[e.width] = ev
-        training[f"{e.architecture}-w{e.width}"] = {
+        training[name] = {
             "folder": str(e.folder.relative_to(out)),
             "reused": e.reused,
             "seconds": e.meta["train_stats"]["seconds"],
@@ -152,14 +152,14 @@ def run(
         "seconds": seconds,
     }
     path = out / "results.json"
+    # Figures first; then results.json with the final timings, which the text report shows.
+    t = time.perf_counter()
+    atomic_write_json(path, results)
+    figures = render(path, text=False)
+    stage("report", t)
     seconds["total"] = time.perf_counter() - t0
     atomic_write_json(path, results)
-    outputs = render(path)
-    seconds["report"] = time.perf_counter() - t0 - seconds["total"]
-    seconds["total"] = time.perf_counter() - t0
-    atomic_write_json(path, results)  # the final timings; the text report shows them
-    render(path, figures=False)
-    return RunResult(results, path, outputs)
+    return RunResult(results, path, [*figures, *render(path, figures=False)])
 
 
 def _versions() -> dict:

@@ -9,6 +9,8 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
+
 from .errors import UsageError
 from .fileio import atomic_write_bytes
 
@@ -102,13 +104,7 @@ def plot_sigma(results: dict, path: Path) -> Path:
 def _curve(form: str, fit: dict, widths: list[float]) -> list[float]:
     from .fit import FORMS
 
-    return list(FORMS[form].curve(_array(widths), fit["kappa"], *fit["params"].values()))
-
-
-def _array(values):
-    import numpy as np
-
-    return np.asarray(values, float)
+    return list(FORMS[form].curve(np.asarray(widths, float), fit["kappa"], *fit["params"].values()))
 
 
 def plot_wedge(results: dict, arch: str, path: Path) -> Path:
@@ -534,8 +530,9 @@ def _sci(iv) -> str:
     return f"[{iv[0]:.3g}, {iv[1]:.3g}]" if iv else "[n/a]"
 
 
-def render(results_path: Path | str, figures: bool = True) -> list[Path]:
-    """The figures (unless figures=False), report.md and report.html, beside results.json."""
+def render(results_path: Path | str, figures: bool = True, text: bool = True) -> list[Path]:
+    """The figures and the text reports (report.md, report.html) beside results.json, or
+    either alone; returns the paths written."""
     results_path = Path(results_path)
     results = load_results(results_path)
     folder = results_path.parent
@@ -554,9 +551,12 @@ def render(results_path: Path | str, figures: bool = True) -> list[Path]:
                 plot_wedge(results, arch, path)
             else:
                 plot_atp(results, arch, path)
-    doc = build_report(results, {k: p for k, p in paths.items() if p.is_file()})
-    md, page = folder / "report.md", folder / "report.html"
-    atomic_write_bytes(md, doc.markdown(folder).encode())
-    name = results["inputs"]["model"]["name"]
-    atomic_write_bytes(page, doc.html(f"causaldim: {name}").encode())
-    return [*paths.values(), md, page]
+    written = list(paths.values()) if figures else []
+    if text:
+        doc = build_report(results, {k: p for k, p in paths.items() if p.is_file()})
+        md, page = folder / "report.md", folder / "report.html"
+        atomic_write_bytes(md, doc.markdown(folder).encode())
+        name = results["inputs"]["model"]["name"]
+        atomic_write_bytes(page, doc.html(f"causaldim: {name}").encode())
+        written += [md, page]
+    return written

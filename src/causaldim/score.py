@@ -52,7 +52,7 @@ class Scores(NamedTuple):
             weights = torch.ones(len(self.tokens), dtype=torch.float64)
         w = weights.double()
         atp = (w @ self.atp_sums) / max(float(w @ self.tokens.double()), 1.0)
-        return atp, w @ self.fired_counts.double()
+        return atp, w @ self.fired_counts.to(w.dtype)  # no copy: scoring stores float64
 
 
 def require_gradients(store: Store) -> None:
@@ -69,7 +69,7 @@ def atp_scores(sae: SAE, store: Store, blocks: int = 32, batch_tokens: int = 409
     width = sae.cfg.width
     blocks = store.blocks("eval", blocks)
     atp = torch.zeros(blocks, width, dtype=torch.float64)
-    fired = torch.zeros(blocks, width, dtype=torch.long)
+    fired = torch.zeros(blocks, width, dtype=torch.float64)  # exact counts, ready for resampling
     tokens = torch.zeros(blocks, dtype=torch.long)
     active_total = torch.zeros(blocks, dtype=torch.long)
     last = store.manifest["seq_len"] - 1

@@ -144,7 +144,12 @@ def load_entry(entry: SweepEntry) -> SAE:
     return load(entry.folder)
 
 
-def splice_evaluation(lm, store: Store, seqs: torch.Tensor, entries: list[SweepEntry]) -> dict:
+def load_entries(entries: list[SweepEntry]) -> dict[str, SAE]:
+    """The sweep's SAEs by name ("topk-w256"), frozen."""
+    return {f"{e.architecture}-w{e.width}": load_entry(e).requires_grad_(False) for e in entries}
+
+
+def splice_evaluation(lm, store: Store, seqs: torch.Tensor, saes: dict[str, SAE]) -> dict:
     """CE loss recovered of every SAE of the sweep, spliced in at the store's layer on
     these eval sequences; the mean-ablation floor uses the eval split's mean residual."""
     from ..splice import ce_loss_recovered
@@ -153,7 +158,6 @@ def splice_evaluation(lm, store: Store, seqs: torch.Tensor, entries: list[SweepE
     for batch in store.batches("eval", ("h",), 8192):
         total += batch["h"].double().sum(0)
         n += len(batch["h"])
-    saes = {f"{e.architecture}-w{e.width}": load(e.folder) for e in entries}
     return ce_loss_recovered(
         lm,
         store.manifest["layer"],
