@@ -16,11 +16,11 @@ timed at width W, k active latents, in float32 and in its own bf16 mode:
   gradient parallel to decoder rows removed, ScheduleFree-wrapped SignSGD at lr
   5e-3 / sqrt(W / 2^14)); bf16 wraps the forward in torch.autocast("cpu", bfloat16).
 - causaldim: causaldim.sae.train.train_sae itself. It has no per-step hook, so a step is
-  (time of warm-up + N steps - time of warm-up steps) / N, from two calls (after one
-  untimed call, so that neither pays the process's first-use costs). bf16 uses the
-  TrainSettings dtype field when it has one.
+  the time between two successive pulls of a batch from its data iterable (Adam, decoder
+  renormalisation and bookkeeping all inside). bf16 uses the TrainSettings dtype field
+  when it has one.
 
-SAELens, sparsify and the floor are timed step by step: median of N steps after the
+Every trainer and the floor are timed step by step: median of N steps after the
 warm-up. By default every (trainer, dtype) runs in its own subprocess, so each peak
 resident memory (getrusage ru_maxrss) is that trainer's alone; the parent gathers their
 JSON lines and prints the table and the ratios. The anchors are never causaldim
@@ -48,6 +48,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from timing import StepClock
 
 TRAINERS = ("floor", "saelens", "sparsify", "causaldim")
 DTYPES = ("float32", "bfloat16")
@@ -232,22 +233,11 @@ def run_causaldim(batches, args, dtype: torch.dtype, mode: str) -> dict:
     settings = TrainSettings(**kwargs)
     sae = build(SAEConfig("topk", d, args.width, k=args.k))
     normalizer = Normalizer(mean=torch.zeros(d), scale=1.0)  # the batches are normalised
-    total = args.warmup + args.steps
-
-    def call(n: int) -> float:
-        t = time.perf_counter()
-        train_sae(sae, lambda: iter(batches[:n]), settings, total, normalizer)
-        return time.perf_counter() - t
-
-    call(max(1, args.warmup))  # untimed: the process's first-use costs land here
-    diffs, pairs = [], []
-    for _ in range(args.causaldim_reps):
-        t_all, t_warm = call(total), call(args.warmup)
-        pairs.append([t_all, t_warm])
-        diffs.append((t_all - t_warm) / args.steps)
+    # One batch more than the others get: a step runs from its batch's pull to the next's.
+    clock = StepClock(batches + batches[:1])
+    train_sae(sae, lambda: clock, settings, len(clock.batches), normalizer)
     return {
-        "step_s": statistics.median(diffs),
-        "pairs": pairs,
+        "times": clock.step_times(args.warmup),
         "settings": {k: str(v) for k, v in kwargs.items()} or None,
     }
 
@@ -404,7 +394,6 @@ def child_args(args, trainer: str, dtype: str, mode: str) -> list[str]:
         str(Path(__file__).resolve()),
         *("--store", args.store, "--width", str(args.width), "--k", str(args.k)),
         *("--batch", str(args.batch), "--warmup", str(args.warmup), "--steps", str(args.steps)),
-        *("--causaldim-reps", str(args.causaldim_reps)),
         *("--only", trainer, "--dtype", dtype, "--mode", mode),
     ]
     if args.threads:
@@ -516,12 +505,6 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4096, help="tokens per step")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     ap.add_argument("--steps", type=int, default=5, help="timed steps (median reported)")
-    ap.add_argument(
-        "--causaldim-reps",
-        type=int,
-        default=1,
-        help="pairs of train_sae calls; the median difference is reported",
-    )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: its own)")
     ap.add_argument("--trainers", nargs="+", choices=TRAINERS, help="a subset, in parent mode")
     ap.add_argument("--dtype", choices=DTYPES, help="one dtype only (default: both)")
@@ -552,8 +535,8 @@ def main() -> None:
     ap.add_argument("--json", help="also write every row to this JSON file")
     ap.add_argument("--verbose", action="store_true", help="print tracebacks of failures")
     args = ap.parse_args()
-    if args.steps < 1 or args.warmup < 0 or args.causaldim_reps < 1:
-        ap.error("--steps and --causaldim-reps must be >= 1, --warmup >= 0")
+    if args.steps < 1 or args.warmup < 0:
+        ap.error("--steps must be >= 1, --warmup >= 0")
     os.environ.setdefault("WANDB_MODE", "disabled")  # SAELens imports wandb; no logging
     if args.only:
         child(args)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from causaldim.sae import SAEConfig, build
+from causaldim.sae import SAEConfig, build, topk
 
 
 def reference_loss(sae, x, dead, k_aux, aux_coef):
@@ -37,7 +37,10 @@ def grads(sae, loss):
 
 
 @pytest.mark.parametrize("with_dead", [False, True])
-def test_fused_step_equals_the_dense_definition(with_dead):
+@pytest.mark.parametrize("block_tokens", [None, 128])
+def test_fused_step_equals_the_dense_definition(with_dead, block_tokens, monkeypatch):
+    if block_tokens:  # the pre-activations in several blocks of tokens, the last one short
+        monkeypatch.setattr(topk, "PRE_CHUNK_ELEMENTS", 96 * block_tokens)
     torch.manual_seed(0)
     sae = build(SAEConfig("topk", 24, 96, k=5))
     sae.reset(torch.Generator().manual_seed(0))
@@ -45,7 +48,7 @@ def test_fused_step_equals_the_dense_definition(with_dead):
         sae.b_enc.normal_(0, 0.3)
         sae.b_dec.normal_(0, 0.3)
         sae.W_enc.add_(0.1 * torch.randn_like(sae.W_enc))
-    x = torch.randn(700, 24)  # more than one backward chunk
+    x = torch.randn(700, 24)
     dead = (torch.arange(96) % 3 == 0) if with_dead else None
     ref = reference_loss(sae, x, dead, 8, 1 / 32)
     fast = fused_loss(sae, x, dead, 8, 1 / 32)

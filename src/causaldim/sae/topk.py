@@ -15,28 +15,34 @@ import torch.nn.functional as F
 
 from .base import SAE
 
+PRE_CHUNK_ELEMENTS = 1 << 23  # pre-activations computed at once: 32 MB in float32
+
 
 class _SelectTopK(torch.autograd.Function):
     """(x, b_dec, W_enc, b_enc) -> the k largest pre-activations per token (ReLU'd) and
     their indices, and optionally the k_aux largest among dead features (AuxK).
-    pre = (x - b_dec) W_enc + b_enc is computed densely in `dtype`; the backward gives
+    pre = (x - b_dec) W_enc + b_enc is computed densely in `dtype`, a block of tokens at
+    a time, so the [tokens, width] pre-activations never exist whole (2 GB at B=4096,
+    W=131072) and each block is still in cache when top-k reads it. The backward gives
     gradients only through the selected entries, in float32."""
 
     @staticmethod
     def forward(ctx, x, b_dec, W_enc, b_enc, k, dead, k_aux, dtype):
         xc = x - b_dec
-        # The bias rides in the product as one more input column: adding it to the
-        # [tokens, width] result afterwards would cost a full extra pass over it.
-        ones = xc.new_ones(len(xc), 1)
-        pre = torch.cat([xc, ones], 1).to(dtype) @ torch.cat([W_enc, b_enc[None]]).to(dtype)
-        vals, idx = pre.topk(k, dim=-1, sorted=False)
-        if dead is not None:
-            masked = pre.masked_fill_(~dead, float("-inf"))  # pre is not needed after this
-            aux_vals, aux_idx = masked.topk(min(k_aux, int(dead.sum())), dim=-1, sorted=False)
-            aux_vals = aux_vals.float().clamp_min(0)  # -inf (fewer dead than k_aux) -> 0
+        W, b = W_enc.to(dtype), b_enc.to(dtype)
+        k_aux = min(k_aux, int(dead.sum())) if dead is not None else 0
+        picked = []
+        for block in xc.to(dtype).split(max(1, PRE_CHUNK_ELEMENTS // W.shape[1])):
+            pre = torch.addmm(b, block, W)
+            picked.append(pre.topk(k, dim=-1, sorted=False))
+            if k_aux:  # fewer dead features than k_aux picks some -inf: clamped to 0 below
+                picked[-1] += pre.masked_fill_(~dead, float("-inf")).topk(k_aux, sorted=False)
+        vals, idx = torch.cat([p[0] for p in picked]), torch.cat([p[1] for p in picked])
+        if k_aux:
+            aux_vals = torch.cat([p[2] for p in picked]).float().clamp_min(0)
+            aux_idx = torch.cat([p[3] for p in picked])
         else:
-            aux_vals = x.new_zeros(len(x), 0)
-            aux_idx = idx.new_zeros(len(x), 0)
+            aux_vals, aux_idx = x.new_zeros(len(x), 0), idx.new_zeros(len(x), 0)
         vals = vals.float().relu()
         ctx.save_for_backward(xc, W_enc, idx, vals, aux_idx, aux_vals)
         ctx.mark_non_differentiable(idx, aux_idx)
