@@ -1,6 +1,6 @@
-"""TopK SAE training step against its floor, measured side by side in one run.
+"""SAE training step against its floor, measured side by side in one run.
 
-The floor is the one dense product a TopK step cannot avoid: the encoder's
+The floor is the one dense product a step cannot avoid: the encoder's
 (B x d) @ (d x W), in the faster of the two weight layouts ([d, W] and [W, d]). The
 fused step (sparse decoder, sparse encoder backward) is timed through `train_sae`
 itself, step by step (between successive pulls of a batch), so that Adam, decoder
@@ -13,6 +13,7 @@ floor and the step are measured in alternating rounds and the median ratio is re
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 
 import torch
@@ -37,24 +38,33 @@ def activations(store: str | None, d: int, n: int) -> torch.Tensor:
     return norm(x)
 
 
-def step_times(x, width, k, batch, dtype, warmup, steps) -> list[float]:
-    """Per-step wall times of `train_sae` itself, after `warmup` steps."""
+def make_sae(arch, d, width, k):
+    return build(SAEConfig(arch, d, width, k=k if arch == "topk" else None))
+
+
+def step_times(x, arch, width, k, batch, dtype, warmup, steps) -> list[float]:
+    """Per-step wall times of `train_sae` itself, after `warmup` steps (JumpReLU and ReLU
+    at target L0 k: their first batch calibrates the thresholds)."""
     d = x.shape[1]
-    sae = build(SAEConfig("topk", d, width, k=k))
+    sae = make_sae(arch, d, width, k)
     chunks = [x[(i * batch) % len(x) :][:batch] for i in range(warmup + steps + 1)]
     clock = StepClock(chunks)  # one chunk more: a step runs from its pull to the next's
-    settings = TrainSettings(compute_dtype=dtype)
+    settings = TrainSettings(compute_dtype=dtype, target_l0=k)
     train_sae(sae, lambda: clock, settings, len(chunks), Normalizer(torch.zeros(d), 1.0))
     return clock.step_times(warmup)
 
 
-def dense_step_time(x, width, k, batch, reps) -> float:
-    """The dense definition: scatter into [B, W], decode with a matmul, dense backward."""
+def dense_step_time(x, arch, width, k, batch, reps) -> float:
+    """The dense definition: f over all [B, W] pre-activations, decode with a matmul,
+    dense backward (reconstruction loss only: a lower bound on the dense step)."""
     d = x.shape[1]
-    sae = build(SAEConfig("topk", d, width, k=k))
+    sae = make_sae(arch, d, width, k)
     sae.reset(torch.Generator().manual_seed(0))
-    opt = torch.optim.Adam(sae.parameters(), lr=1e-4)
+    opt = torch.optim.Adam(sae.parameters(), lr=1e-4, fused=True)
     xb = x[:batch]
+    with torch.no_grad():
+        sae.b_dec.copy_(xb.mean(0))
+        sae.calibrate(sae.pre_acts(xb), k)
 
     def step():
         x_hat = sae.decode(sae.encode(xb))
@@ -72,8 +82,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--store", help="a causaldim store folder (default: Gaussian data)")
     p.add_argument("--d", type=int, default=576, help="width of the data without --store")
+    p.add_argument("--archs", nargs="+", default=["topk"], choices=["topk", "jumprelu", "relu"])
     p.add_argument("--width", type=int, default=16384)
-    p.add_argument("--k", type=int, default=32)
+    p.add_argument("--k", type=int, default=32, help="TopK's k; the others' target L0")
     p.add_argument("--batch", type=int, default=4096)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
@@ -91,10 +102,10 @@ def main() -> None:
     x = activations(args.store, args.d, args.batch * 4)
     d = x.shape[1]
     print(
-        f"TopK step, W={args.width}, k={args.k}, B={args.batch}, d={d}, "
+        f"SAE training step, W={args.width}, k={args.k}, B={args.batch}, d={d}, "
         f"{torch.get_num_threads()} threads, {'store' if args.store else 'Gaussian'} data"
     )
-    for dtype in args.dtypes:
+    for arch, dtype in itertools.product(args.archs, args.dtypes):
         dt = getattr(torch, dtype)
         a, w = x[: args.batch].to(dt), torch.randn(d, args.width).to(dt)
         w_t = w.T.contiguous().T  # the same [d, W] matrix stored [W, d], as W_enc is
@@ -104,21 +115,29 @@ def main() -> None:
                 median_time(lambda a=a, w=w: a @ w, args.steps, warmup=1),
                 median_time(lambda a=a, w=w_t: a @ w, args.steps, warmup=1),
             )
-            times = step_times(x, args.width, args.k, args.batch, dtype, args.warmup, args.steps)
+            times = step_times(
+                x, arch, args.width, args.k, args.batch, dtype, args.warmup, args.steps
+            )
             ours = statistics.median(times)
             ratios.append(ours / floor)
             print(
-                f"{dtype:>9} round {r + 1}: encoder matmul {floor:.3f} s; fused step "
-                f"{ours:.3f} s ({args.batch / ours:,.0f} tokens/s); step / floor = "
+                f"{arch:>8} {dtype:>8} round {r + 1}: encoder matmul {floor:.3f} s; sparse "
+                f"step {ours:.3f} s ({args.batch / ours:,.0f} tokens/s); step / floor = "
                 f"{ours / floor:.2f}"
             )
         print(
-            f"{dtype:>9}: step / floor, median of {args.rounds} rounds = "
+            f"{arch:>8} {dtype:>8}: step / floor, median of {args.rounds} rounds = "
             f"{statistics.median(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f})"
         )
-    if args.dense:
-        dense = dense_step_time(x, args.width, args.k, args.batch, args.steps)
-        print(f"  float32 dense definition of the step: {dense:.3f} s")
+        if args.dense and dtype == "float32":
+            dense = dense_step_time(x, arch, args.width, args.k, args.batch, args.steps)
+            sparse = step_times(
+                x, arch, args.width, args.k, args.batch, dtype, args.warmup, args.steps
+            )
+            print(
+                f"{arch:>8} float32: dense definition {dense:.3f} s / sparse step "
+                f"{statistics.median(sparse):.3f} s = {dense / statistics.median(sparse):.2f}x"
+            )
 
 
 if __name__ == "__main__":

@@ -181,7 +181,7 @@ class SweepConfig:
     k: int = _opt(32, "TopK's k, and the target L0 of JumpReLU and ReLU (matched L0).")
     sae_dtype: str = _opt(
         "float32",
-        "Dtype of TopK's dense encoder product in training (weights and optimiser stay "
+        "Dtype of the dense encoder product in training (weights and optimiser stay "
         "float32); bfloat16 is several times faster where the CPU or GPU supports it.",
         choices=COMPUTE_DTYPES,
     )

@@ -28,7 +28,8 @@ class SAEConfig:
 
 
 class SAE(nn.Module):
-    """Base class; subclasses define `activate(pre)` and `sparsity_loss(pre, f)`."""
+    """Base class; subclasses define `activate(pre)` (the dense definition, used to
+    encode) and `train_forward` (the sparse training step, held to it by tests)."""
 
     architecture = "base"
     init_sparsity_coef = 0.0  # where the L0 controller starts (normalised units)
@@ -88,10 +89,6 @@ class SAE(nn.Module):
         the tokens, so that each feature starts with an equal share of the target L0."""
         q = 1 - min(1.0, target_l0 / pre.shape[1])
         return pre.float().quantile(q, dim=0) if len(pre) > 1 else pre[0]
-
-    def sparsity_loss(self, pre: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-        """Per-token sparsity penalty before its coefficient; zero for TopK."""
-        return pre.new_zeros(())
 
     @torch.no_grad()
     def normalize_decoder(self) -> None:

@@ -1,6 +1,7 @@
 """JumpReLU SAE (Rajamanoharan et al. 2024): f = pre * [pre > theta] with a learned
 per-feature threshold, trained through straight-through estimators with a rectangle
-kernel, and an L0 penalty."""
+kernel, and an L0 penalty. The activation functions work on dense [tokens, width] pre-
+activations and on the flat entries of the sparse training step alike."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from torch import nn
 
 from .base import SAE, SAEConfig
+from .sparse import TrainOutput, threshold_train_forward
 
 
 def _kernel(x: torch.Tensor) -> torch.Tensor:
@@ -29,7 +31,7 @@ class _JumpReLU(torch.autograd.Function):
         eps = ctx.bandwidth
         d_pre = grad * (pre > theta)
         d_theta = -(theta / eps) * _kernel((pre - theta) / eps) * grad
-        return d_pre, d_theta.sum(0), None
+        return d_pre, d_theta.sum_to_size(theta.shape), None
 
 
 class _Step(torch.autograd.Function):
@@ -44,7 +46,7 @@ class _Step(torch.autograd.Function):
         pre, theta = ctx.saved_tensors
         eps = ctx.bandwidth
         d_theta = -(1.0 / eps) * _kernel((pre - theta) / eps) * grad
-        return None, d_theta.sum(0), None
+        return None, d_theta.sum_to_size(theta.shape), None
 
 
 class JumpReLUSAE(SAE):
@@ -62,8 +64,19 @@ class JumpReLUSAE(SAE):
     def activate(self, pre: torch.Tensor) -> torch.Tensor:
         return _JumpReLU.apply(pre, self.threshold, self.cfg.bandwidth)
 
-    def sparsity_loss(self, pre: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-        return _Step.apply(pre, self.threshold, self.cfg.bandwidth).sum(-1).mean()
+    def train_forward(self, x: torch.Tensor, dtype: torch.dtype = torch.float32) -> TrainOutput:
+        """The sparse step keeps the firing entries and those in the straight-through
+        window below the threshold (the threshold's gradient comes from both); the
+        penalty is L0."""
+        theta, eps = self.threshold, self.cfg.bandwidth
+        return threshold_train_forward(
+            self,
+            x,
+            theta - eps / 2,
+            lambda pre, i: _JumpReLU.apply(pre, theta[i], eps),
+            lambda pre, f, i: _Step.apply(pre, theta[i], eps),
+            dtype,
+        )
 
     @torch.no_grad()
     def calibrate(self, pre: torch.Tensor, target_l0: float) -> None:

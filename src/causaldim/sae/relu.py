@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .base import SAE
+from .sparse import TrainOutput, threshold_train_forward
 
 
 class ReLUSAE(SAE):
@@ -22,5 +23,15 @@ class ReLUSAE(SAE):
     def shift_sparsity(self, delta: float) -> None:
         self.b_enc.sub_(delta)
 
-    def sparsity_loss(self, pre: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-        return (f * self.W_dec.norm(dim=1)).sum(-1).mean()
+    def train_forward(self, x: torch.Tensor, dtype: torch.dtype = torch.float32) -> TrainOutput:
+        """The sparse step keeps the positive entries; the penalty is L1 weighted by the
+        decoder row norms."""
+        norms = self.W_dec.norm(dim=1)
+        return threshold_train_forward(
+            self,
+            x,
+            x.new_zeros(()),
+            lambda pre, i: pre,
+            lambda pre, f, i: f * norms[i],
+            dtype,
+        )

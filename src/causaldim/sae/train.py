@@ -32,7 +32,7 @@ class TrainSettings:
     aux_coef: float = 1 / 32
     decay_fraction: float = 0.2  # the learning rate falls linearly to 0 over this tail
     seed: int = 0
-    compute_dtype: str = "float32"  # TopK's dense encoder product; weights stay float32
+    compute_dtype: str = "float32"  # the dense encoder product; weights stay float32
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -94,21 +94,17 @@ def train_sae(
             lr = settings.lr * min(1.0, (total_steps - step) / max(1, total_steps - decay_start))
             for group in opt.param_groups:
                 group["lr"] = lr
-            if is_topk:  # the fused sparse step; dead features as of the last step
+            if is_topk:  # dead features as of the last step feed AuxK
                 dead = since_fired > settings.dead_tokens
                 out = sae.train_forward(x, dead if dead.any() else None, settings.aux_k, dtype)
-                mse = (out.x_hat - x).pow(2).sum(-1).mean()
-                loss = mse + settings.aux_coef * out.aux_loss
-                active_idx = out.idx[out.vals > 0]
-                n_active = len(active_idx)
+                side = settings.aux_coef * out.aux_loss
             else:
-                pre = sae.pre_acts(x)
-                f = sae.activate(pre)
-                mse = (sae.decode(f) - x).pow(2).sum(-1).mean()
-                loss = mse + coef * sae.sparsity_loss(pre, f)
-                active = f > 0  # computed once per step, used for dead tracking and L0
-                active_idx = active.nonzero()[:, 1]
-                n_active = int(active.sum())
+                out = sae.train_forward(x, dtype)
+                side = coef * out.aux_loss
+            mse = (out.x_hat - x).pow(2).sum(-1).mean()
+            loss = mse + side
+            active_idx = out.idx[out.vals > 0]
+            n_active = len(active_idx)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             sae.remove_parallel_grad()
