@@ -192,3 +192,43 @@ def test_presets_and_their_overrides():
     assert smoke.k == 4 and smoke.widths == PRESETS["smoke"]["widths"]
     with pytest.raises(UsageError, match="unknown setting"):
         preset_configs("smoke", not_a_field=1)
+
+
+def test_controls_all_add_a_section_and_a_figure_each(tmp_path, tiny_model, text_corpus):
+    from causaldim.config import CONTROLS
+
+    out = tmp_path / "run"
+    args = run_args(tiny_model("llama"), text_corpus, out) + ["--controls", "all"]
+    args += ["--ablation-features", "4", "--ablation-sequences", "2"]
+    assert cli.main(args) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert list(results["controls"]) == list(CONTROLS)
+    assert set(results["sweep"]) == {"topk", "jumprelu", "relu"}  # 'architectures' adds them
+    assert results["config"]["sweep"]["architectures"] == ["topk", "jumprelu", "relu"]
+    assert results["seconds"]["controls"] > 0
+    report = (out / "report.md").read_text()
+    for name in (
+        "Threshold robustness",
+        "Architecture invariance",
+        "Matched L0",
+        "Four-cell encoder/decoder ablation",
+        "Geometric privilege",
+        "AtP against real ablation",
+    ):
+        assert f"### {name}" in report
+    for name in ("thresholds", "architectures", "four_cell", "geometry", "ablation"):
+        assert (out / "figures" / f"control_{name}.png").stat().st_size > 10_000
+    c = results["controls"]
+    assert [r["percentile"] for r in c["thresholds"]["rows"]] == [95.0, 98.0, 99.0, 99.5]
+    assert len(c["l0"]["rows"]) == 15
+    assert all(len(r["features"]) == 4 for r in c["ablation"]["rows"])
+
+
+def test_unknown_controls_are_refused_before_any_work(tmp_path, tiny_model, text_corpus, capsys):
+    out = tmp_path / "run"
+    args = run_args(tiny_model("llama"), text_corpus, out) + ["--controls", "everything"]
+    with pytest.raises(SystemExit) as exc:
+        cli.main(args)
+    assert exc.value.code == 2
+    assert "--controls" in capsys.readouterr().err
+    assert not out.exists()

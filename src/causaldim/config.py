@@ -11,6 +11,8 @@ from .errors import UsageError
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
 STORE_DTYPES = ("float32", "bfloat16", "float16")
+ARCHITECTURES = ("topk", "jumprelu", "relu")
+CONTROLS = ("thresholds", "architectures", "l0", "four_cell", "geometry", "ablation")
 
 
 def _opt(default, help: str, **kw):
@@ -134,8 +136,36 @@ class AnalysisConfig:
         0.05, "Warn when erank still moves by more than this fraction over the last doubling."
     )
     read_tokens: int = _opt(4096, "Tokens read from the store at a time (bounds memory).")
+    controls: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Controls to run beside the headline: 'all', or any of "
+            + ", ".join(CONTROLS)
+            + " ('architectures' adds JumpReLU and ReLU to the sweep).",
+            "choices": ("all", *CONTROLS),
+        },
+    )
+    ablation_features: int = _opt(16, "Features per width really ablated (control 'ablation').")
+    ablation_sequences: int = _opt(16, "Eval sequences they are ablated on (control 'ablation').")
+
+    def selected_controls(self) -> list[str]:
+        return list(CONTROLS) if "all" in self.controls else list(dict.fromkeys(self.controls))
+
+    def sweep_for(self, sweep: SweepConfig) -> SweepConfig:
+        """The sweep the controls need: every architecture for 'architectures'."""
+        if "architectures" not in self.selected_controls():
+            return sweep
+        archs = list(dict.fromkeys([*sweep.architectures, *ARCHITECTURES]))
+        return dataclasses.replace(sweep, architectures=archs)
 
     def check(self) -> None:
+        bad = [c for c in self.controls if c not in ("all", *CONTROLS)]
+        if bad:
+            raise UsageError(
+                f"--controls: unknown {', '.join(bad)}; choose 'all' or among {', '.join(CONTROLS)}"
+            )
+        if self.ablation_features < 1 or self.ablation_sequences < 1:
+            raise UsageError("--ablation-features and --ablation-sequences must be >= 1")
         if self.blocks < 2:
             raise UsageError(f"--blocks must be at least 2, got {self.blocks}")
         if self.bootstrap < 0:
@@ -158,9 +188,6 @@ class AnalysisConfig:
 
 def _flag(name: str) -> str:
     return name.replace("_", "-")
-
-
-ARCHITECTURES = ("topk", "jumprelu", "relu")
 
 
 @dataclass

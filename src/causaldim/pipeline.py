@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 from . import __version__, models
 from .analysis import PAPER, analyze
 from .config import AnalysisConfig, HarvestConfig, SweepConfig
+from .controls import run_controls
 from .fileio import atomic_write_json, sha256_file
 from .harvest import harvest, plan
 from .report import SCHEMA, render
@@ -46,8 +47,8 @@ def run(
     preset: str = "default",
 ) -> RunResult:
     """The whole measurement; finished stages of an earlier run (store, SAEs) are reused."""
-    sweep_cfg = sweep_cfg or SweepConfig()
     analysis_cfg = analysis_cfg or AnalysisConfig()
+    sweep_cfg = analysis_cfg.sweep_for(sweep_cfg or SweepConfig())
     the_plan = check(cfg, sweep_cfg, analysis_cfg)  # before anything is written
     out = Path(cfg.out)
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.perf_counter()
@@ -82,13 +83,14 @@ def run(
         stage("ce_loss_recovered", t)
 
     t = time.perf_counter()
-    scores, evals, training = {}, {}, {}
+    scores, evals, training, by_arch = {}, {}, {}, {}
     for e, (name, sae) in tqdm(
         zip(entries, saes.items(), strict=True), desc="AtP scores", disable=not progress
     ):
         scores.setdefault(e.architecture, {})[e.width] = atp_scores(
             sae, store, analysis_cfg.blocks, analysis_cfg.read_tokens
         )
+        by_arch.setdefault(e.architecture, {})[e.width] = sae
         ev = dict(e.meta["eval"])
         if ce is not None:
             ev["ce_loss_recovered"] = ce["saes"][name]["ce_loss_recovered"]
@@ -107,6 +109,29 @@ def run(
         for arch in sweep_cfg.architectures
     }
     stage("analysis", t)
+
+    controls = {}
+    if analysis_cfg.selected_controls():
+        t = time.perf_counter()
+        bar = tqdm(analysis_cfg.selected_controls(), desc="controls", disable=not progress)
+        controls = run_controls(
+            analysis_cfg.selected_controls(),
+            store,
+            by_arch,
+            scores,
+            evals,
+            sweep,
+            sweep_cfg.architectures[0],
+            float(sweep_cfg.k),
+            analysis_cfg,
+            cfg.seed,
+            lambda: (
+                result.lm or models.load_model(the_plan.source, cfg.dtype, the_plan.layers_path)
+            ),
+            progress=lambda name: bar.set_postfix_str(name) or bar.update(),
+        )
+        bar.close()
+        stage("controls", t)
 
     results = {
         "schema": SCHEMA,
@@ -145,6 +170,7 @@ def run(
         "ce": None if ce is None else {k: v for k, v in ce.items() if k != "saes"},
         "saes": training,
         "sweep": sweep,
+        "controls": controls,
         "headline": sweep_cfg.architectures[0],
         "paper": PAPER,
         "versions": {**m["versions"], **_versions()},

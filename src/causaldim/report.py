@@ -499,6 +499,9 @@ def build_report(results: dict, figures: dict[str, Path]) -> Doc:
         if "sigma" in figures:
             doc.img(figures["sigma"], "sigma")
 
+    from .controls_report import add_sections  # it builds on this module's helpers
+
+    add_sections(doc, results, figures)
     doc.h(2, "Provenance")
     ce = results.get("ce")
     identity = results["inputs"]["model"]
@@ -542,7 +545,11 @@ def render(results_path: Path | str, figures: bool = True, text: bool = True) ->
     for arch in results.get("sweep", {}):
         paths[f"wedge_{arch}"] = folder / "figures" / f"wedge_{arch}.png"
         paths[f"atp_{arch}"] = folder / "figures" / f"atp_{arch}.png"
+    from . import controls_report
+
+    control_paths = controls_report.figure_paths(results, folder)
     if figures:
+        controls_report.plot(results, control_paths)
         for key, path in paths.items():
             kind, _, arch = key.partition("_")
             if kind == "sigma":
@@ -551,6 +558,7 @@ def render(results_path: Path | str, figures: bool = True, text: bool = True) ->
                 plot_wedge(results, arch, path)
             else:
                 plot_atp(results, arch, path)
+    paths.update(control_paths)
     written = list(paths.values()) if figures else []
     if text:
         doc = build_report(results, {k: p for k, p in paths.items() if p.is_file()})

@@ -23,7 +23,7 @@ from safetensors import safe_open
 from safetensors.torch import save as save_safetensors
 
 from .errors import UsageError
-from .fileio import atomic_write_bytes, sha256_file
+from .fileio import atomic_write_bytes, atomic_write_json, sha256_file
 
 FORMAT = "causaldim-store/1"
 MANIFEST = "manifest.json"
@@ -167,3 +167,54 @@ class Store:
                 count -= batch_tokens
         if count:
             yield {name: torch.cat(parts) for name, parts in pending.items()}
+
+
+def write_store(
+    root: Path | str,
+    splits: dict[str, dict[str, torch.Tensor]],
+    seq_len: int,
+    description: dict,
+    store_dtype: str = "float32",
+) -> Store:
+    """A store from arrays that no model pass made (toy models, tests): per split, the
+    columns h (and g for eval) as [sequences * seq_len, d]; token, pos, seq and outlier
+    are filled in (nothing is an outlier). `description` names the source in the
+    manifest's model entry."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    info = {}
+    d_model = None
+    for split, cols in splits.items():
+        n = len(cols["h"])
+        d_model = cols["h"].shape[1]
+        if n % seq_len:
+            raise ValueError(f"{split}: {n} rows is not a whole number of {seq_len}-sequences")
+        writer = ShardWriter(root, split, store_dtype, shard_tokens=1 << 16)
+        pos = torch.arange(n) % seq_len
+        writer.add(
+            **cols,
+            token=torch.zeros(n, dtype=torch.int32),
+            pos=pos.to(torch.int32),
+            seq=(torch.arange(n) // seq_len).to(torch.int32),
+            outlier=torch.zeros(n, dtype=torch.bool),
+        )
+        writer.flush()
+        info[split] = {
+            "n_sequences": n // seq_len,
+            "n_tokens": n,
+            "n_outliers": 0,
+            "fields": writer.fields,
+            "shards": writer.shards,
+        }
+    manifest = {
+        "format": FORMAT,
+        "key": {"synthetic": description},
+        "model": {"identity": description, "d_model": d_model},
+        "layer": 0,
+        "seq_len": seq_len,
+        "store_dtype": store_dtype,
+        "outliers": {"threshold": torch.finfo(torch.float32).max, "n_outliers": 0},
+        "splits": info,
+    }
+    atomic_write_json(root / MANIFEST, manifest)
+    return Store(root)
