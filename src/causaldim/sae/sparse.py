@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-PRE_CHUNK_ELEMENTS = 1 << 23  # pre-activations computed at once: 32 MB in float32
+PRE_CHUNK_ELEMENTS = 1 << 25  # pre-activations computed at once: 128 MB in float32
 
 
 class TrainOutput(NamedTuple):
