@@ -137,11 +137,11 @@ def atp_vs_ablation(
         for i in feats.tolist():
             seqs = fires[:, i].nonzero()[:, 0]
             edit = zero_feature(sae, i)
-            change = torch.zeros(0, dtype=torch.float64)
+            total = 0.0
             for b in seqs.split(batch_size) if len(seqs) else ():
                 ablated = sequence_losses(lm, layer, ids[b], edit, threshold)
-                change = torch.cat([change, ablated - clean[b]])
-            real.append(float(change.abs().sum()) / n_tokens)
+                total += float((ablated - clean[b]).abs().sum())
+            real.append(total / n_tokens)
         real_t = torch.tensor(real, dtype=torch.float64)
         atp = scores[width].atp[feats]
         truly = real_t > epsilon_seq

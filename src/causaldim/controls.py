@@ -156,19 +156,24 @@ def four_cell(
     cfg: AnalysisConfig,
     seed: int = 0,
     l0_tokens: int = 8192,
+    trained_scores: dict[int, Scores] | None = None,
 ) -> dict:
     """N_causal with {trained, random orthonormal} encoder x {trained, random} decoder, at
     the headline epsilon, per width; and the random encoder's inflation factor (the
     paper: 9.27x). If AtP counted features because of what the trained dictionary found,
-    random cells should not reach the trained count."""
+    random cells should not reach the trained count. The trained SAEs' own scores are
+    reused when given (trained_scores)."""
     gen = torch.Generator().manual_seed(seed)
     sample = next(store.batches("train", ("h",), l0_tokens))["h"]
     rows = []
     for width, sae in sorted(saes.items()):
         cells = {}
         for enc, dec in CELLS:
-            cell = randomized(sae, enc == "random", dec == "random", gen, sample)
-            s = atp_scores(cell, store, cfg.blocks, cfg.read_tokens)
+            if (enc, dec) == ("trained", "trained") and trained_scores is not None:
+                s = trained_scores[width]
+            else:
+                cell = randomized(sae, enc == "random", dec == "random", gen, sample)
+                s = atp_scores(cell, store, cfg.blocks, cfg.read_tokens)
             cells[f"{enc}/{dec}"] = {
                 "n_causal": int((s.atp > epsilon).sum()),
                 "n_repr": s.n_repr,
@@ -277,7 +282,9 @@ def run_controls(
         ),
         "architectures": lambda: architecture_invariance(sweep),
         "l0": lambda: matched_l0(evals, target_l0),
-        "four_cell": lambda: four_cell(saes[headline], store, eps, cfg, seed),
+        "four_cell": lambda: four_cell(
+            saes[headline], store, eps, cfg, seed, trained_scores=scores[headline]
+        ),
         "geometry": lambda: geometric_privilege(saes[headline], scores[headline], eps, seed),
         "ablation": lambda: atp_vs_ablation(
             load_lm(),

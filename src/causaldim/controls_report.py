@@ -21,6 +21,19 @@ TITLES = {
 # ----------------------------------------------------------------------------- figures
 
 
+def _finish(fig, ax, path: Path, xlabel, ylabel, title, log_x: bool, log_y: bool) -> Path:
+    if log_x:
+        ax.set_xscale("log")
+    if log_y:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 def plot_thresholds(c: dict, path: Path) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.4))
@@ -33,14 +46,16 @@ def plot_thresholds(c: dict, path: Path) -> Path:
             label=f"{r['percentile']:g}th pct: kappa_hat {_num(r['kappa_hat'])} "
             f"{_ci(r['kappa_95'])}",
         )
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("SAE width m")
-    ax.set_ylabel("N_causal (0 drawn at 0.5)")
-    ax.set_title(f"N_causal at four calibrations of epsilon ({c['architecture']})")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return _save(fig, path)
+    return _finish(
+        fig,
+        ax,
+        path,
+        "SAE width m",
+        "N_causal (0 drawn at 0.5)",
+        f"N_causal at four calibrations of epsilon ({c['architecture']})",
+        log_x=True,
+        log_y=True,
+    )
 
 
 def plot_architectures(c: dict, path: Path) -> Path:
@@ -62,14 +77,16 @@ def plot_architectures(c: dict, path: Path) -> Path:
             alpha=0.6,
             label=f"{r['architecture']} N_repr",
         )
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("SAE width m")
-    ax.set_ylabel("features (0 drawn at 0.5)")
-    ax.set_title("The wedge per architecture, at matched L0")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return _save(fig, path)
+    return _finish(
+        fig,
+        ax,
+        path,
+        "SAE width m",
+        "features (0 drawn at 0.5)",
+        "The wedge per architecture, at matched L0",
+        log_x=True,
+        log_y=True,
+    )
 
 
 def plot_four_cell(c: dict, path: Path) -> Path:
@@ -87,13 +104,16 @@ def plot_four_cell(c: dict, path: Path) -> Path:
             color=f"C{j}",
         )
     ax.set_xticks(range(len(rows)), [str(r["width"]) for r in rows])
-    ax.set_yscale("log")
-    ax.set_xlabel("SAE width m")
-    ax.set_ylabel("N_causal at the headline epsilon (0 drawn at 0.5)")
-    ax.set_title(f"Trained vs random encoder and decoder ({c['architecture']})")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return _save(fig, path)
+    return _finish(
+        fig,
+        ax,
+        path,
+        "SAE width m",
+        "N_causal at the headline epsilon (0 drawn at 0.5)",
+        f"Trained vs random encoder and decoder ({c['architecture']})",
+        log_x=False,
+        log_y=True,
+    )
 
 
 def plot_geometry(c: dict, path: Path) -> Path:
@@ -126,12 +146,16 @@ def plot_geometry(c: dict, path: Path) -> Path:
                 label="causal features" if i == 0 else None,
             )
     ax.set_xticks(range(len(c["rows"])), [str(r["width"]) for r in c["rows"]])
-    ax.set_xlabel("SAE width m")
-    ax.set_ylabel("cosine to nearest decoder neighbour")
-    ax.set_title(f"Geometry of causal vs non-causal features ({c['architecture']})")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return _save(fig, path)
+    return _finish(
+        fig,
+        ax,
+        path,
+        "SAE width m",
+        "cosine to nearest decoder neighbour",
+        f"Geometry of causal vs non-causal features ({c['architecture']})",
+        log_x=False,
+        log_y=False,
+    )
 
 
 def plot_ablation(c: dict, path: Path) -> Path:
@@ -156,14 +180,16 @@ def plot_ablation(c: dict, path: Path) -> Path:
             lw=1,
             label="epsilon's equivalent (real)",
         )
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("AtP (first order, mean |f (g . d)| per token)")
-    ax.set_ylabel("real ablation: mean |change in loss| per token")
-    ax.set_title(f"AtP vs zeroing the feature ({c['architecture']})")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return _save(fig, path)
+    return _finish(
+        fig,
+        ax,
+        path,
+        "AtP (first order, mean |f (g . d)| per token)",
+        "real ablation: mean |change in loss| per token",
+        f"AtP vs zeroing the feature ({c['architecture']})",
+        log_x=True,
+        log_y=True,
+    )
 
 
 PLOTS = {

@@ -110,12 +110,12 @@ def run(
     }
     stage("analysis", t)
 
-    controls = {}
-    if analysis_cfg.selected_controls():
+    controls, selected = {}, analysis_cfg.selected_controls()
+    if selected:
         t = time.perf_counter()
-        bar = tqdm(analysis_cfg.selected_controls(), desc="controls", disable=not progress)
+        bar = tqdm(selected, desc="controls", disable=not progress)
         controls = run_controls(
-            analysis_cfg.selected_controls(),
+            selected,
             store,
             by_arch,
             scores,

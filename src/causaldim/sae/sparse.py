@@ -27,8 +27,8 @@ class TrainOutput(NamedTuple):
 
 def pre_act_blocks(x, b_dec, W_enc, b_enc, dtype):
     """x - b_dec, and pre in `dtype` a block of tokens at a time, so that the
-    [tokens, width] pre-activations never exist whole (2 GB at B=4096, W=131072) and each
-    block is still in cache when it is searched. Yields (first token, block of pre)."""
+    [tokens, width] pre-activations never exist whole (2 GB at B=4096, W=131072).
+    Yields (first token, block of pre)."""
     xc = x - b_dec
     W, b = W_enc.to(dtype), b_enc.to(dtype)
     rows = max(1, PRE_CHUNK_ELEMENTS // W.shape[1])
