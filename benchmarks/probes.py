@@ -26,7 +26,7 @@ from causaldim.sigma import accumulate
 
 def forward_only(lm, layer, ids):
     """The forward of the eval pass, graph recorded from L up, no backward."""
-    with torch.enable_grad(), _tap(lm.layers[layer], "leaf"):
+    with torch.enable_grad(), _tap({layer: lm.layers[layer]}, "leaf"):
         return lm.model(input_ids=ids, use_cache=False).logits
 
 

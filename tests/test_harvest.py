@@ -133,3 +133,32 @@ def test_batches_stream_in_order_with_fixed_size(harvest_config):
 def test_missing_manifest_is_not_a_store(tmp_path):
     with pytest.raises(StoreError, match="no finished store"):
         Store(tmp_path)
+
+
+def test_one_pass_over_several_layers_writes_the_single_layer_stores(harvest_config, tmp_path):
+    multi = harvest_config(out=str(tmp_path / "multi"), logit_probes=1)
+    p = plan(multi, extra_layers=(0, 3))
+    assert sorted(p.store_dirs) == [0, 2, 3]
+    result = harvest(multi, progress=False, the_plan=p)
+    assert sorted(result.stores) == [0, 2, 3] and not result.reused
+    for layer in (0, 3):
+        single = harvest(
+            harvest_config(out=str(tmp_path / f"single{layer}"), layer=layer, logit_probes=1),
+            progress=False,
+        ).store
+        ours = result.stores[layer]
+        # The same key, hence the same folder name, as a harvest of that layer alone.
+        assert ours.root.name == single.root.name
+        assert ours.manifest["outliers"]["threshold"] == single.manifest["outliers"]["threshold"]
+        for split, fields in (("train", ("h",)), ("eval", ("h", "g", "u_logits"))):
+            a = next(ours.batches(split, fields, 512, False))
+            b = next(single.batches(split, fields, 512, False))
+            for f in fields:
+                assert torch.allclose(a[f], b[f], rtol=1e-4, atol=1e-6), (layer, split, f)
+    # A second call reuses every store; a plan with one more layer harvests only that one.
+    again = harvest(multi, progress=False, the_plan=p)
+    assert again.reused and again.lm is None
+    more = harvest(multi, progress=False, the_plan=plan(multi, extra_layers=(0, 1, 3)))
+    assert more.reused and more.lm is not None
+    assert more.stores[0].manifest["created"] == result.stores[0].manifest["created"]
+    assert more.stores[1].manifest["pass_layers"] == [1]

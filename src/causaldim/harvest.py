@@ -42,36 +42,58 @@ class _StopForward(Exception):
 
 
 @contextmanager
-def _tap(block: nn.Module, mode: str):
-    """Hook on block L's output. mode "stop": capture it and end the forward there.
-    mode "leaf": swap in a detached copy that requires grad, so that backward stops at L
-    (with frozen weights nothing below L records a graph at all)."""
-    captured: list[torch.Tensor] = []
+def _tap(blocks: dict[int, nn.Module], mode: str):
+    """Hooks on the outputs of the given blocks, captured into {layer: tensor}.
+    mode "stop": capture them and end the forward at the highest one.
+    mode "leaf": at the lowest, swap in a detached copy that requires grad, so that
+    backward stops there (with frozen weights nothing below records a graph at all);
+    the higher ones are captured inside the graph, so that one backward reaches all."""
+    captured: dict[int, torch.Tensor] = {}
+    lowest, highest = min(blocks), max(blocks)
 
-    def hook(module, args, output):
-        hidden = output[0] if isinstance(output, tuple) else output
-        if mode == "stop":
-            captured.append(hidden.detach())
-            raise _StopForward
-        leaf = hidden.detach().requires_grad_(True)
-        captured.append(leaf)
-        return (leaf, *output[1:]) if isinstance(output, tuple) else leaf
+    def hook_for(layer: int):
+        def hook(module, args, output):
+            hidden = output[0] if isinstance(output, tuple) else output
+            if mode == "stop":
+                captured[layer] = hidden.detach()
+                if layer == highest:
+                    raise _StopForward
+                return None
+            if layer != lowest:
+                captured[layer] = hidden
+                return None
+            leaf = hidden.detach().requires_grad_(True)
+            captured[layer] = leaf
+            return (leaf, *output[1:]) if isinstance(output, tuple) else leaf
 
-    handle = block.register_forward_hook(hook)
+        return hook
+
+    handles = [block.register_forward_hook(hook_for(i)) for i, block in blocks.items()]
     try:
         yield captured
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
 
 
-def residuals(lm: LoadedModel, layer: int, ids: torch.Tensor) -> torch.Tensor:
-    """h at the output of block `layer`, [B, T, d]; the forward stops there."""
-    with torch.inference_mode(), _tap(lm.layers[layer], "stop") as captured:
+def _blocks(lm: LoadedModel, layers) -> dict[int, nn.Module]:
+    return {i: lm.layers[i] for i in sorted(set(layers))}
+
+
+def residuals_at(lm: LoadedModel, layers, ids: torch.Tensor) -> dict[int, torch.Tensor]:
+    """h at the output of each of the blocks `layers`, [B, T, d]; the forward stops at the
+    highest."""
+    with torch.inference_mode(), _tap(_blocks(lm, layers), "stop") as captured:
         try:
             lm.model(input_ids=ids, use_cache=False)
         except _StopForward:
             pass
-    return captured[0]
+    return captured
+
+
+def residuals(lm: LoadedModel, layer: int, ids: torch.Tensor) -> torch.Tensor:
+    """h at the output of block `layer`, [B, T, d]; the forward stops there."""
+    return residuals_at(lm, (layer,), ids)[layer]
 
 
 class Gradients(NamedTuple):
@@ -94,27 +116,49 @@ def residuals_and_grads(
     """h and g = dLoss/dh at block `layer`, Loss = next-token cross-entropy summed over
     all positions; one forward and a backward from the loss down to L only. Each probe
     adds one more backward from the logits down to L (the forward is shared)."""
-    with torch.enable_grad(), _tap(lm.layers[layer], "leaf") as captured:
+    return grads_at(lm, (layer,), ids, logit_probes, fisher_probes, generator)[layer]
+
+
+def grads_at(
+    lm: LoadedModel,
+    layers,
+    ids: torch.Tensor,
+    logit_probes: int = 0,
+    fisher_probes: int = 0,
+    generator: torch.Generator | None = None,
+) -> dict[int, Gradients]:
+    """residuals_and_grads at several blocks from one forward: each backward runs down to
+    the lowest of them and yields every block's gradient on the way (the probes are
+    shared by all blocks)."""
+    blocks = _blocks(lm, layers)
+    with torch.enable_grad(), _tap(blocks, "leaf") as captured:
         logits = lm.model(input_ids=ids, use_cache=False).logits
         loss = F.cross_entropy(
             logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten(), reduction="sum"
         )
-        h = captured[0]
+        hs = [captured[i] for i in blocks]
         backwards_left = logit_probes + fisher_probes
-        (g,) = torch.autograd.grad(loss, h, retain_graph=backwards_left > 0)
+        gs = torch.autograd.grad(loss, hs, retain_graph=backwards_left > 0)
 
-        def pull_back(probes: list[torch.Tensor]) -> torch.Tensor | None:
+        def pull_back(probes: list[torch.Tensor]) -> list[torch.Tensor | None]:
             nonlocal backwards_left
-            out = []
+            per_probe = []
             for v in probes:
                 backwards_left -= 1
-                (u,) = torch.autograd.grad(logits, h, v, retain_graph=backwards_left > 0)
-                out.append(u)
-            return torch.stack(out, dim=2) if out else None
+                per_probe.append(
+                    torch.autograd.grad(logits, hs, v, retain_graph=backwards_left > 0)
+                )
+            if not per_probe:
+                return [None] * len(hs)
+            return [torch.stack(us, dim=2) for us in zip(*per_probe, strict=True)]
 
         u_logits = pull_back(gaussian_probes(logits, logit_probes, generator))
         u_fisher = pull_back(fisher_probes_for(logits, fisher_probes, generator))
-    return Gradients(h.detach(), g, u_logits, u_fisher, loss.item(), ids[:, 1:].numel())
+    n_pred = ids[:, 1:].numel()
+    return {
+        i: Gradients(h.detach(), g, ul, uf, loss.item(), n_pred)
+        for i, h, g, ul, uf in zip(blocks, hs, gs, u_logits, u_fisher, strict=True)
+    }
 
 
 def gaussian_probes(logits: torch.Tensor, k: int, generator=None) -> list[torch.Tensor]:
@@ -158,20 +202,26 @@ class Plan(NamedTuple):
     corpus: Corpus
     splits: Splits
     model_identity: dict
-    key: dict
+    key: dict  # of the headline layer's store
     store_dir: Path
+    # Every layer the one pass harvests (the headline's and others), with its store's key
+    # and folder; a layer's store does not depend on which others share its pass.
+    keys: dict[int, dict]
+    store_dirs: dict[int, Path]
 
 
-def plan(cfg: HarvestConfig) -> Plan:
-    """Validate the request cheaply (config files and the corpus only); UsageError if bad."""
+def plan(cfg: HarvestConfig, extra_layers: tuple[int, ...] = ()) -> Plan:
+    """Validate the request cheaply (config files and the corpus only); UsageError if bad.
+    extra_layers are harvested in the same pass as cfg.layer, each into its own store."""
     cfg.check()
     source = resolve_model(cfg.model, cfg.trust_remote_code)
     layer = source.n_layers // 2 if cfg.layer is None else cfg.layer
-    if layer >= source.n_layers:
-        raise UsageError(
-            f"--layer {layer} is out of range: {cfg.model} has {source.n_layers} layers "
-            f"(0..{source.n_layers - 1})"
-        )
+    for i in (layer, *extra_layers):
+        if not 0 <= i < source.n_layers:
+            raise UsageError(
+                f"layer {i} is out of range: {cfg.model} has {source.n_layers} layers "
+                f"(0..{source.n_layers - 1}); choose --layer or --depth-layers within it"
+            )
     layers_path = layers_path_for(source, cfg.layers_path)
     _check_layers_path(source, layers_path)
     if source.context_length and cfg.seq_len > source.context_length:
@@ -189,9 +239,8 @@ def plan(cfg: HarvestConfig) -> Plan:
         cfg.eval_fraction,
         cfg.seed,
     )
-    key = {
+    common = {
         "model": identity,
-        "layer": layer,
         "layers_path": layers_path,
         "corpus_sha256": corpus.sha256,
         "seq_len": cfg.seq_len,
@@ -204,7 +253,11 @@ def plan(cfg: HarvestConfig) -> Plan:
         "logit_probes": cfg.logit_probes,
         "fisher_probes": cfg.fisher_probes,
     }
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    keys, dirs = {}, {}
+    for i in sorted({layer, *extra_layers}):
+        keys[i] = {**common, "layer": i}
+        digest = hashlib.sha256(json.dumps(keys[i], sort_keys=True).encode()).hexdigest()[:12]
+        dirs[i] = out / "stores" / f"L{i}-{digest}"
     return Plan(
         cfg,
         source,
@@ -213,8 +266,10 @@ def plan(cfg: HarvestConfig) -> Plan:
         corpus,
         splits,
         identity,
-        key,
-        out / "stores" / f"L{layer}-{digest}",
+        keys[layer],
+        dirs[layer],
+        keys,
+        dirs,
     )
 
 
@@ -244,9 +299,10 @@ def _weights(identity: dict) -> dict:
 
 
 class HarvestResult(NamedTuple):
-    store: Store
+    store: Store  # the headline layer's
     reused: bool
     lm: LoadedModel | None = None  # the loaded model, when the pass ran (for reuse)
+    stores: dict[int, Store] | None = None  # every planned layer's, the headline's included
 
 
 class _OutlierStats:
@@ -276,46 +332,72 @@ class _OutlierStats:
         return spread("outlier") / total if total > 0 else 0.0
 
 
-def _existing(plan: Plan) -> Store | None:
+def _existing(root: Path, key: dict) -> Store | None:
     try:
-        store = Store(plan.store_dir)
+        store = Store(root)
     except StoreError:
         return None
-    if store.manifest.get("key") != plan.key:
+    if store.manifest.get("key") != key:
         return None
     store.verify()  # a damaged store is named, never silently reused
     return store
 
 
+class _LayerOutput:
+    """What the pass collects for one layer: its outlier threshold, writers and counts."""
+
+    def __init__(self, root: Path, threshold: float, median_norm: float, d: int):
+        self.root, self.threshold, self.median_norm = root, threshold, median_norm
+        self.stats = _OutlierStats(d)
+        self.splits: dict[str, dict] = {}
+
+
 def harvest(cfg: HarvestConfig, progress: bool = True, the_plan: Plan | None = None):
-    """Run the model pass for cfg (or reuse a finished, matching store)."""
+    """Run the model pass for cfg (or reuse finished, matching stores): one pass writes
+    the store of every planned layer that has none yet."""
     p = the_plan or plan(cfg)
-    if (store := _existing(p)) is not None:
-        return HarvestResult(store, reused=True)
-    if p.store_dir.exists():  # an unfinished store of this same request: start it again
-        shutil.rmtree(p.store_dir)
-    p.store_dir.mkdir(parents=True)
+    stores = {i: _existing(p.store_dirs[i], p.keys[i]) for i in p.store_dirs}
+    missing = [i for i, s in stores.items() if s is None]
+    if not missing:
+        return HarvestResult(stores[p.layer], reused=True, stores=stores)
+    for i in missing:
+        if p.store_dirs[i].exists():  # an unfinished store of this same request: redo it
+            shutil.rmtree(p.store_dirs[i])
+        p.store_dirs[i].mkdir(parents=True)
 
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
     lm = load_model(p.source, cfg.dtype, p.layers_path)
     seconds = {"load_model": time.perf_counter() - t0}
 
-    # The outlier threshold comes from the median norm of a fixed calibration batch.
-    calib = residuals(lm, p.layer, p.splits.train[: max(cfg.batch_size, 16)]).float()
-    median_norm = float(calib[:, 1:].norm(dim=-1).median())
-    threshold = cfg.outlier_factor * median_norm
+    # Each layer's outlier threshold comes from the median norm of a fixed calibration batch.
+    calib = residuals_at(lm, missing, p.splits.train[: max(cfg.batch_size, 16)])
+    outputs = {}
+    for i in missing:
+        median_norm = float(calib[i].float()[:, 1:].norm(dim=-1).median())
+        outputs[i] = _LayerOutput(
+            p.store_dirs[i], cfg.outlier_factor * median_norm, median_norm, p.source.d_model
+        )
 
-    splits_info, stats = {}, _OutlierStats(p.source.d_model)
     for name, seqs in (("eval", p.splits.eval), ("train", p.splits.train)):
         t = time.perf_counter()
-        splits_info[name] = _harvest_split(lm, p, name, seqs, threshold, stats, progress)
+        _harvest_split(lm, p, name, seqs, outputs, progress)
         seconds[name] = time.perf_counter() - t
-        splits_info[name]["tokens_per_second"] = splits_info[name]["n_tokens"] / seconds[name]
+        for out in outputs.values():
+            out.splits[name]["tokens_per_second"] = out.splits[name]["n_tokens"] / seconds[name]
 
-    manifest = {
+    for i, out in outputs.items():
+        manifest = _manifest(p, i, out, seconds, shared_with=missing)
+        atomic_write_json(out.root / MANIFEST, manifest)
+        stores[i] = Store(out.root)
+    return HarvestResult(stores[p.layer], reused=p.layer not in missing, lm=lm, stores=stores)
+
+
+def _manifest(p: Plan, layer: int, out: _LayerOutput, seconds: dict, shared_with) -> dict:
+    cfg = p.config
+    return {
         "format": FORMAT,
-        "key": p.key,
+        "key": p.keys[layer],
         "model": {
             "identity": p.model_identity,
             "kind": p.source.kind,
@@ -323,9 +405,9 @@ def harvest(cfg: HarvestConfig, progress: bool = True, the_plan: Plan | None = N
             "d_model": p.source.d_model,
             "vocab_size": int(p.source.config.vocab_size),
         },
-        "layer": p.layer,
+        "layer": layer,
         "layers_path": p.layers_path,
-        "site": f"output of block {p.layer} ({p.layers_path}[{p.layer}])",
+        "site": f"output of block {layer} ({p.layers_path}[{layer}])",
         "loss": "next-token cross-entropy summed over positions; g = dLoss/dh",
         "probes": {
             "u_logits": f"{cfg.logit_probes} Gaussian probe(s) v ~ N(0, I_vocab) per "
@@ -341,77 +423,83 @@ def harvest(cfg: HarvestConfig, progress: bool = True, the_plan: Plan | None = N
             "rule": "position 0, or residual norm > factor x median norm (median over "
             "positions >= 1 of a calibration batch of train sequences)",
             "factor": cfg.outlier_factor,
-            "median_norm": median_norm,
-            "threshold": threshold,
-            "n_outliers": sum(s["n_outliers"] for s in splits_info.values()),
-            "n_tokens": sum(s["n_tokens"] for s in splits_info.values()),
-            "variance_share": stats.variance_share(),
+            "median_norm": out.median_norm,
+            "threshold": out.threshold,
+            "n_outliers": sum(s["n_outliers"] for s in out.splits.values()),
+            "n_tokens": sum(s["n_tokens"] for s in out.splits.values()),
+            "variance_share": out.stats.variance_share(),
         },
-        "splits": splits_info,
+        "splits": out.splits,
+        "pass_layers": sorted(shared_with),  # the seconds are of the whole shared pass
         "versions": _versions(),
         "seconds": seconds,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    atomic_write_json(p.store_dir / MANIFEST, manifest)
-    return HarvestResult(Store(p.store_dir), reused=False, lm=lm)
 
 
-def _harvest_split(lm, p: Plan, name, seqs, threshold, stats, progress) -> dict:
+def _harvest_split(lm, p: Plan, name, seqs, outputs: dict[int, _LayerOutput], progress) -> None:
     cfg = p.config
-    writer = ShardWriter(p.store_dir, name, cfg.store_dtype, cfg.shard_tokens)
-    n_outliers, loss_sum, n_pred = 0, 0.0, 0
+    writers = {
+        i: ShardWriter(out.root, name, cfg.store_dtype, cfg.shard_tokens)
+        for i, out in outputs.items()
+    }
+    n_outliers = dict.fromkeys(outputs, 0)
+    loss_sum, n_pred = 0.0, 0
     bar = tqdm(total=seqs.numel(), desc=f"{name} pass", unit="tok", disable=not progress)
     for start in range(0, len(seqs), cfg.batch_size):
         ids = seqs[start : start + cfg.batch_size]
-        cols: dict[str, torch.Tensor] = {}
+        per_layer: dict[int, tuple[torch.Tensor, dict]] = {}
         if name == "eval":
             # One generator per batch, so that probes do not depend on batching history.
             gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + start)
-            out = residuals_and_grads(lm, p.layer, ids, cfg.logit_probes, cfg.fisher_probes, gen)
-            h = out.h
-            cols = {"g": out.g, "u_logits": out.u_logits, "u_fisher": out.u_fisher}
-            cols = {k: v for k, v in cols.items() if v is not None}
-            loss_sum, n_pred = loss_sum + out.loss_sum, n_pred + out.n_predictions
+            grads = grads_at(lm, outputs, ids, cfg.logit_probes, cfg.fisher_probes, gen)
+            for i, out in grads.items():
+                cols = {"g": out.g, "u_logits": out.u_logits, "u_fisher": out.u_fisher}
+                per_layer[i] = (out.h, {k: v for k, v in cols.items() if v is not None})
+            first = next(iter(grads.values()))
+            loss_sum, n_pred = loss_sum + first.loss_sum, n_pred + first.n_predictions
         else:
-            h = residuals(lm, p.layer, ids)
-        _check_finite(name, start, h, *cols.values())
-        cols = {k: v.flatten(0, 1) for k, v in cols.items()}
-        b, t, _ = h.shape
-        flat = h.flatten(0, 1)
+            per_layer = {i: (h, {}) for i, h in residuals_at(lm, outputs, ids).items()}
+        b, t = ids.shape
         pos = torch.arange(t, dtype=torch.int32).repeat(b)
-        outlier = (pos == 0) | (flat.float().norm(dim=-1) > threshold)
-        stats.add(flat.float(), outlier)
-        n_outliers += int(outlier.sum())
-        writer.add(
-            h=flat,
-            **cols,
-            token=ids.flatten().to(torch.int32),
-            pos=pos,
-            seq=torch.arange(start, start + b, dtype=torch.int32).repeat_interleave(t),
-            outlier=outlier,
-        )
+        seq = torch.arange(start, start + b, dtype=torch.int32).repeat_interleave(t)
+        for i, (h, cols) in per_layer.items():
+            _check_finite(f"{name} pass at layer {i}", start, h, *cols.values())
+            flat = h.flatten(0, 1)
+            outlier = (pos == 0) | (flat.float().norm(dim=-1) > outputs[i].threshold)
+            outputs[i].stats.add(flat.float(), outlier)
+            n_outliers[i] += int(outlier.sum())
+            writers[i].add(
+                h=flat,
+                **{k: v.flatten(0, 1) for k, v in cols.items()},
+                token=ids.flatten().to(torch.int32),
+                pos=pos,
+                seq=seq,
+                outlier=outlier,
+            )
         bar.update(ids.numel())
-    writer.flush()
     bar.close()
-    info = {
-        "n_sequences": len(seqs),
-        "n_tokens": seqs.numel(),
-        "n_outliers": n_outliers,
-        "fields": writer.fields,
-        "shards": writer.shards,
-    }
-    if name == "eval":
-        info["mean_loss"] = loss_sum / n_pred
-    return info
+    for i, writer in writers.items():
+        writer.flush()
+        info = {
+            "n_sequences": len(seqs),
+            "n_tokens": seqs.numel(),
+            "n_outliers": n_outliers[i],
+            "fields": writer.fields,
+            "shards": writer.shards,
+        }
+        if name == "eval":
+            info["mean_loss"] = loss_sum / n_pred
+        outputs[i].splits[name] = info
 
 
-def _check_finite(split_name: str, first_seq: int, *tensors: torch.Tensor) -> None:
+def _check_finite(stage: str, first_seq: int, *tensors: torch.Tensor) -> None:
     for x in tensors:
         bad = ~torch.isfinite(x).flatten(2).all(-1)  # [B, T]
         if bad.any():
             where = [(first_seq + int(i), int(j)) for i, j in bad.nonzero()[:5]]
             raise FloatingPointError(
-                f"non-finite values in the {split_name} pass at (sequence, position) {where}"
+                f"non-finite values in the {stage} at (sequence, position) {where}"
             )
 
 
