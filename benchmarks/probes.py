@@ -19,14 +19,14 @@ from timing import median_time
 
 from causaldim.config import AnalysisConfig, HarvestConfig
 from causaldim.corpus import load_corpus, tokenize
-from causaldim.harvest import _tap, harvest, residuals_and_grads
+from causaldim.harvest import harvest, residuals_and_grads, tap_blocks
 from causaldim.models import load_model, resolve_model
 from causaldim.sigma import accumulate
 
 
 def forward_only(lm, layer, ids):
     """The forward of the eval pass, graph recorded from L up, no backward."""
-    with torch.enable_grad(), _tap({layer: lm.layers[layer]}, "leaf"):
+    with torch.enable_grad(), tap_blocks({layer: lm.layers[layer]}, "leaf"):
         return lm.model(input_ids=ids, use_cache=False).logits
 
 

@@ -143,20 +143,22 @@ def tiny_config(family: str, n_layers: int = 4, d: int = 32, context: int = 256)
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
-    """Factory: a saved tiny random-init model folder (with a tokenizer) per family."""
-    made: dict[str, str] = {}
+    """Factory: a saved tiny random-init model folder (with a tokenizer) per family and
+    size."""
+    made: dict[tuple, str] = {}
 
-    def build(family: str = "llama") -> str:
-        if family not in made:
+    def build(family: str = "llama", n_layers: int = 4, d: int = 32) -> str:
+        key = (family, n_layers, d)
+        if key not in made:
             from transformers import AutoModelForCausalLM
 
-            folder = tmp_path_factory.mktemp(f"tiny-{family}")
+            folder = tmp_path_factory.mktemp(f"tiny-{family}-{n_layers}x{d}")
             torch.manual_seed(0)
-            model = AutoModelForCausalLM.from_config(tiny_config(family))
+            model = AutoModelForCausalLM.from_config(tiny_config(family, n_layers, d))
             model.save_pretrained(folder)
             _tokenizer(folder)
-            made[family] = str(folder)
-        return made[family]
+            made[key] = str(folder)
+        return made[key]
 
     return build
 

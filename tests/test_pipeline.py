@@ -199,7 +199,7 @@ def test_controls_all_add_a_section_and_a_figure_each(tmp_path, tiny_model, text
 
     out = tmp_path / "run"
     args = run_args(tiny_model("llama"), text_corpus, out) + ["--controls", "all"]
-    args += ["--ablation-features", "4", "--ablation-sequences", "2"]
+    args += ["--ablation-features", "4", "--ablation-sequences", "2", "--task-prompts", "8"]
     assert cli.main(args) == 0
     results = json.loads((out / "results.json").read_text())
     assert list(results["controls"]) == list(CONTROLS)
@@ -214,14 +214,20 @@ def test_controls_all_add_a_section_and_a_figure_each(tmp_path, tiny_model, text
         "Four-cell encoder/decoder ablation",
         "Geometric privilege",
         "AtP against real ablation",
+        "Synthetic ground truth",
+        "Task-specific recovery",
+        "Depth",
     ):
         assert f"### {name}" in report
-    for name in ("thresholds", "architectures", "four_cell", "geometry", "ablation"):
+    assert "Not run: needs a second model" in report  # no --scale-model given
+    for name in ("thresholds", "architectures", "four_cell", "geometry", "ablation", "synthetic"):
         assert (out / "figures" / f"control_{name}.png").stat().st_size > 10_000
     c = results["controls"]
     assert [r["percentile"] for r in c["thresholds"]["rows"]] == [95.0, 98.0, 99.0, 99.5]
     assert len(c["l0"]["rows"]) == 15
     assert all(len(r["features"]) == 4 for r in c["ablation"]["rows"])
+    assert c["depth"]["layers"] == [1, 2, 3] and c["task"]["width"] == 16
+    assert abs(c["synthetic"]["direct"]["relative_error"]) < 0.02
 
 
 def test_unknown_controls_are_refused_before_any_work(tmp_path, tiny_model, text_corpus, capsys):
@@ -232,3 +238,35 @@ def test_unknown_controls_are_refused_before_any_work(tmp_path, tiny_model, text
     assert exc.value.code == 2
     assert "--controls" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_depth_and_scale_measure_other_layers_and_a_second_model(tmp_path, tiny_model, text_corpus):
+    from causaldim.structure import matched_layer
+
+    out = tmp_path / "run"
+    bigger = tiny_model("llama", n_layers=6, d=48)  # two random-init sizes of one family
+    args = run_args(tiny_model("llama"), text_corpus, out)
+    args += ["--controls", "depth", "scale", "--scale-model", bigger, "--widths", "16", "32", "64"]
+    assert cli.main(args) == 0
+    results = json.loads((out / "results.json").read_text())
+    depth, scale = results["controls"]["depth"], results["controls"]["scale"]
+    # One pass wrote a store per layer; the headline layer's numbers are the headline's.
+    assert depth["layers"] == [1, 2, 3]
+    assert sorted(p.name.split("-")[0] for p in (out / "stores").iterdir()) == ["L1", "L2", "L3"]
+    row = {r["layer"]: r for r in depth["rows"]}
+    assert row[2]["epsilon"] == results["sweep"]["topk"]["epsilon"]
+    assert row[2]["erank"]["loss"] == results["sigma"]["loss"]["erank"]
+    assert depth["epsilon_first_over_last"] == pytest.approx(row[1]["epsilon"] / row[3]["epsilon"])
+    assert all(len(r["n_causal"]) == 3 for r in depth["rows"])
+    assert scale["layers"] == [2, matched_layer(2, 4, 6)] and scale["d_model"] == [32, 48]
+    assert [r["widths"] for r in scale["rows"]] == [[w, w] for w in (16, 32, 64)]
+    assert all(0 <= r["ks"] <= 1 and 0 < r["p_value"] <= 1 for r in scale["rows"])
+    assert (out / "scale" / "saes").is_dir() and (out / "depth" / "L1" / "saes").is_dir()
+
+
+def test_scale_without_a_second_model_says_so(tmp_path, tiny_model, text_corpus):
+    out = tmp_path / "run"
+    args = run_args(tiny_model("llama"), text_corpus, out) + ["--controls", "scale"]
+    assert cli.main(args + ["--widths", "16", "32", "--ce-sequences", "0"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert "--scale-model" in results["controls"]["scale"]["skipped"]

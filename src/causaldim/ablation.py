@@ -11,6 +11,7 @@ so that they are on the scale of AtP (a mean over tokens).
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import torch
@@ -24,6 +25,33 @@ from .store import Store
 from .wedge import calibrate
 
 
+def editable(hidden: torch.Tensor, threshold: float) -> torch.Tensor:
+    """[B, T] where an ablation edits: every position past 0 with norm within threshold
+    (the store's outliers are left alone, as AtP leaves them out)."""
+    mask = hidden.norm(dim=-1) <= threshold
+    mask[:, 0] = False
+    return mask
+
+
+@contextmanager
+def edited_block(
+    lm: LoadedModel, layer: int, edit: Callable[[torch.Tensor], torch.Tensor], threshold: float
+):
+    """While inside, block `layer`'s output h is replaced by edit(h) where editable."""
+
+    def hook(module, args, output):
+        hidden = (output[0] if isinstance(output, tuple) else output).clone()
+        mask = editable(hidden, threshold)
+        hidden[mask] = edit(hidden[mask].float()).to(hidden.dtype)
+        return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+    handle = lm.layers[layer].register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 @torch.no_grad()
 def sequence_losses(
     lm: LoadedModel,
@@ -33,23 +61,9 @@ def sequence_losses(
     threshold: float,
 ) -> torch.Tensor:
     """[batch] summed next-token loss over every prediction (the loss the store's g is the
-    gradient of), with block `layer`'s output replaced by edit(h) at non-outlier
-    positions (position 0 and norms above threshold are left alone)."""
-
-    def hook(module, args, output):
-        hidden = output[0] if isinstance(output, tuple) else output
-        mask = hidden.norm(dim=-1) <= threshold
-        mask[:, 0] = False
-        hidden = hidden.clone()
-        hidden[mask] = edit(hidden[mask].float()).to(hidden.dtype)
-        return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
-
-    handle = lm.layers[layer].register_forward_hook(hook) if edit is not None else None
-    try:
+    gradient of), with block `layer`'s output replaced by edit(h) where editable."""
+    with edited_block(lm, layer, edit, threshold) if edit is not None else nullcontext():
         logits = lm.model(input_ids=ids, use_cache=False).logits
-    finally:
-        if handle is not None:
-            handle.remove()
     # float64: a feature's effect is a small difference of two sums of ~seq_len losses
     losses = F.cross_entropy(logits[:, :-1].transpose(1, 2).double(), ids[:, 1:], reduction="none")
     return losses.sum(1)

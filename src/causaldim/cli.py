@@ -155,7 +155,7 @@ def _cmd_run(args) -> int:
     cfg, sweep_cfg = _config(args, HarvestConfig), _config(args, SweepConfig)
     analysis_cfg = _config(args, AnalysisConfig)
     if args.dry_run:
-        _print_plan(check(cfg, sweep_cfg, analysis_cfg), sweep_cfg, analysis_cfg)
+        _print_plan(check(cfg, sweep_cfg, analysis_cfg).main, sweep_cfg, analysis_cfg)
         return 0
     result = run(cfg, sweep_cfg, analysis_cfg, progress=not args.quiet, preset=args.preset)
     results = result.results
@@ -189,6 +189,11 @@ def _print_plan(the_plan, sweep_cfg, analysis_cfg) -> None:
         f"{cfg.fisher_probes} fisher"
     )
     print(f"store: {the_plan.store_dir}{' (exists: would be reused)' if reused else ''}")
+    if len(the_plan.store_dirs) > 1:
+        print(
+            f"depth: layers {', '.join(map(str, the_plan.store_dirs))} in the same pass, each "
+            "with its own store and sweep (not in the estimate below)"
+        )
     print(
         f"SAEs: {', '.join(sweep_cfg.architectures)} at widths "
         f"{' '.join(map(str, sweep_cfg.widths))}, k={sweep_cfg.k}, {sweep_cfg.epochs} "

@@ -12,7 +12,18 @@ from .errors import UsageError
 COMPUTE_DTYPES = ("float32", "bfloat16")
 STORE_DTYPES = ("float32", "bfloat16", "float16")
 ARCHITECTURES = ("topk", "jumprelu", "relu")
-CONTROLS = ("thresholds", "architectures", "l0", "four_cell", "geometry", "ablation")
+CONTROLS = (
+    "thresholds",
+    "architectures",
+    "l0",
+    "four_cell",
+    "geometry",
+    "synthetic",
+    "task",
+    "depth",
+    "scale",
+    "ablation",
+)
 
 
 def _opt(default, help: str, **kw):
@@ -147,6 +158,19 @@ class AnalysisConfig:
     )
     ablation_features: int = _opt(16, "Features per width really ablated (control 'ablation').")
     ablation_sequences: int = _opt(16, "Eval sequences they are ablated on (control 'ablation').")
+    task_prompts: int = _opt(64, "Generated subject-verb agreement prompts (control 'task').")
+    depth_layers: list[int] = field(
+        default_factory=list,
+        metadata={
+            "help": "Layers measured beside --layer, in the same model pass (control 'depth'); "
+            "default: 1, n/4, n/2, 3n/4 and n-2 of the model's n blocks."
+        },
+    )
+    scale_model: str | None = _opt(
+        None,
+        "A second model of the same family for control 'scale' (hub name, folder or "
+        ".gguf), measured at the same relative depth and with the same sweep.",
+    )
 
     def selected_controls(self) -> list[str]:
         return list(CONTROLS) if "all" in self.controls else list(dict.fromkeys(self.controls))
@@ -164,8 +188,12 @@ class AnalysisConfig:
             raise UsageError(
                 f"--controls: unknown {', '.join(bad)}; choose 'all' or among {', '.join(CONTROLS)}"
             )
-        if self.ablation_features < 1 or self.ablation_sequences < 1:
-            raise UsageError("--ablation-features and --ablation-sequences must be >= 1")
+        if min(self.ablation_features, self.ablation_sequences, self.task_prompts) < 1:
+            raise UsageError(
+                "--ablation-features, --ablation-sequences and --task-prompts must be >= 1"
+            )
+        if any(i < 0 for i in self.depth_layers):
+            raise UsageError(f"--depth-layers must be >= 0, got {self.depth_layers}")
         if self.blocks < 2:
             raise UsageError(f"--blocks must be at least 2, got {self.blocks}")
         if self.bootstrap < 0:

@@ -8,6 +8,7 @@ report renders its table, figure and interpretation from that data alone.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -270,10 +271,12 @@ def run_controls(
     cfg: AnalysisConfig,
     seed: int,
     load_lm,
+    more: dict[str, Callable[[], dict]],
     progress=None,
 ) -> dict:
     """The selected controls, each on the headline architecture unless it compares
-    architectures; load_lm() is called only if a control needs the model."""
+    architectures; load_lm() is called only if a control needs the model. `more` holds
+    the controls that measure beyond this store (other layers, models, a toy model)."""
     a = sweep[headline]
     eps = a["epsilon"]
     jobs = {
@@ -297,6 +300,7 @@ def run_controls(
             cfg.ablation_sequences,
             seed=seed,
         ),
+        **more,
     }
     out = {}
     for name in names:

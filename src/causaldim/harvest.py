@@ -42,7 +42,7 @@ class _StopForward(Exception):
 
 
 @contextmanager
-def _tap(blocks: dict[int, nn.Module], mode: str):
+def tap_blocks(blocks: dict[int, nn.Module], mode: str):
     """Hooks on the outputs of the given blocks, captured into {layer: tensor}.
     mode "stop": capture them and end the forward at the highest one.
     mode "leaf": at the lowest, swap in a detached copy that requires grad, so that
@@ -83,7 +83,7 @@ def _blocks(lm: LoadedModel, layers) -> dict[int, nn.Module]:
 def residuals_at(lm: LoadedModel, layers, ids: torch.Tensor) -> dict[int, torch.Tensor]:
     """h at the output of each of the blocks `layers`, [B, T, d]; the forward stops at the
     highest."""
-    with torch.inference_mode(), _tap(_blocks(lm, layers), "stop") as captured:
+    with torch.inference_mode(), tap_blocks(_blocks(lm, layers), "stop") as captured:
         try:
             lm.model(input_ids=ids, use_cache=False)
         except _StopForward:
@@ -131,7 +131,7 @@ def grads_at(
     the lowest of them and yields every block's gradient on the way (the probes are
     shared by all blocks)."""
     blocks = _blocks(lm, layers)
-    with torch.enable_grad(), _tap(blocks, "leaf") as captured:
+    with torch.enable_grad(), tap_blocks(blocks, "leaf") as captured:
         logits = lm.model(input_ids=ids, use_cache=False).logits
         loss = F.cross_entropy(
             logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten(), reduction="sum"

@@ -8,21 +8,29 @@ corpus -> store (harvest) -> direct Sigma -> SAE sweep -> AtP scores -> counts a
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
 from tqdm.auto import tqdm
 
 from . import __version__, models
+from .ablation import eval_sequences
 from .analysis import PAPER, analyze
 from .config import AnalysisConfig, HarvestConfig, SweepConfig
 from .controls import run_controls
 from .fileio import atomic_write_json, sha256_file
-from .harvest import harvest, plan
+from .harvest import Plan, harvest, plan
+from .models import resolve_model
 from .report import SCHEMA, render
-from .sae.sweep import load_entries, run_sweep, splice_evaluation
-from .score import atp_scores, require_gradients
+from .sae import SAE
+from .sae.sweep import SweepEntry, load_entries, run_sweep, splice_evaluation
+from .score import Scores, atp_scores, require_gradients
 from .sigma import measure
+from .store import Store
+from .structure import default_depth_layers, depth_summary, matched_layer, scale_comparison
+from .synthetic import synthetic_ground_truth
+from .task import task_recovery
 
 
 class RunResult(NamedTuple):
@@ -31,12 +39,101 @@ class RunResult(NamedTuple):
     outputs: list[Path]  # figures and reports
 
 
-def check(cfg: HarvestConfig, sweep_cfg: SweepConfig, analysis_cfg: AnalysisConfig):
-    """Every check that needs no weights; returns the harvest plan."""
+class Plans(NamedTuple):
+    """The harvest plan (every layer the pass writes) and, for control 'scale', the
+    second model's."""
+
+    main: Plan
+    scale: Plan | None
+
+
+def check(cfg: HarvestConfig, sweep_cfg: SweepConfig, analysis_cfg: AnalysisConfig) -> Plans:
+    """Every check that needs no weights; returns the harvest plans."""
     sweep_cfg.check()
     analysis_cfg.check()
     analysis_cfg.check_against(sweep_cfg)
-    return plan(cfg)
+    selected = analysis_cfg.selected_controls()
+    main = plan(cfg)
+    if "depth" in selected:
+        n = main.source.n_layers
+        extra = analysis_cfg.depth_layers or default_depth_layers(n, main.layer)
+        main = plan(cfg, extra_layers=tuple(extra))
+    scale = None
+    if "scale" in selected and analysis_cfg.scale_model:
+        other = resolve_model(analysis_cfg.scale_model, cfg.trust_remote_code)
+        layer = matched_layer(main.layer, main.source.n_layers, other.n_layers)
+        scale = plan(
+            replace(
+                cfg, model=analysis_cfg.scale_model, layer=layer, out=str(Path(cfg.out) / "scale")
+            )
+        )
+    return Plans(main, scale)
+
+
+class Measurement(NamedTuple):
+    """Everything measured at one layer from its store; per architecture, then width."""
+
+    sigma: dict  # reading -> SigmaEstimate
+    entries: list[SweepEntry]
+    saes: dict[str, dict[int, SAE]]
+    scores: dict[str, dict[int, Scores]]
+    evals: dict[str, dict[int, dict]]
+    analysis: dict[str, dict]
+    ce: dict | None
+
+
+def measure_layer(
+    store: Store,
+    out: Path,
+    sweep_cfg: SweepConfig,
+    analysis_cfg: AnalysisConfig,
+    seed: int,
+    progress: bool,
+    seconds: dict,
+    load_lm=None,
+) -> Measurement:
+    """Direct Sigma, the SAE sweep (SAEs under out/saes), AtP scores and the analysis of
+    one store; with load_lm, each SAE is also spliced into the model (CE recovered)."""
+
+    def timed(name: str, work):
+        t = time.perf_counter()
+        value = work()
+        seconds[name] = time.perf_counter() - t
+        return value
+
+    sigma = timed("sigma", lambda: measure(store, analysis_cfg, seed=seed))
+    entries = timed("sweep", lambda: run_sweep(store, out, sweep_cfg, seed, progress=progress))
+    named = load_entries(entries)
+    ce = None
+    if sweep_cfg.ce_sequences and load_lm is not None:
+
+        def splice():
+            seqs = eval_sequences(store, sweep_cfg.ce_sequences)
+            return splice_evaluation(load_lm(), store, seqs, named)
+
+        ce = timed("ce_loss_recovered", splice)
+    saes, scores, evals = {}, {}, {}
+    t = time.perf_counter()
+    for e, (name, sae) in tqdm(
+        zip(entries, named.items(), strict=True), desc="AtP scores", disable=not progress
+    ):
+        scores.setdefault(e.architecture, {})[e.width] = atp_scores(
+            sae, store, analysis_cfg.blocks, analysis_cfg.read_tokens
+        )
+        saes.setdefault(e.architecture, {})[e.width] = sae
+        ev = dict(e.meta["eval"])
+        if ce is not None:
+            ev["ce_loss_recovered"] = ce["saes"][name]["ce_loss_recovered"]
+        evals.setdefault(e.architecture, {})[e.width] = ev
+    seconds["scores"] = time.perf_counter() - t
+    analysis = timed(
+        "analysis",
+        lambda: {
+            arch: analyze(scores[arch], evals[arch], store.d_model, analysis_cfg, seed)
+            for arch in sweep_cfg.architectures
+        },
+    )
+    return Measurement(sigma, entries, saes, scores, evals, analysis, ce)
 
 
 def run(
@@ -49,90 +146,109 @@ def run(
     """The whole measurement; finished stages of an earlier run (store, SAEs) are reused."""
     analysis_cfg = analysis_cfg or AnalysisConfig()
     sweep_cfg = analysis_cfg.sweep_for(sweep_cfg or SweepConfig())
-    the_plan = check(cfg, sweep_cfg, analysis_cfg)  # before anything is written
+    plans = check(cfg, sweep_cfg, analysis_cfg)  # before anything is written
+    the_plan = plans.main
     out = Path(cfg.out)
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.perf_counter()
     seconds = {}
-
-    def stage(name: str, t: float) -> None:
-        seconds[name] = time.perf_counter() - t
 
     t = time.perf_counter()
     result = harvest(cfg, progress=progress, the_plan=the_plan)
     store = result.store
     require_gradients(store)
-    stage("harvest", t)
+    seconds["harvest"] = time.perf_counter() - t
     m = store.manifest
+    lm = result.lm
 
-    t = time.perf_counter()
-    sigma = measure(store, analysis_cfg, seed=cfg.seed)
-    stage("sigma", t)
+    def load_lm():
+        nonlocal lm
+        lm = lm or models.load_model(the_plan.source, cfg.dtype, the_plan.layers_path)
+        return lm
 
-    t = time.perf_counter()
-    entries = run_sweep(store, out, sweep_cfg, cfg.seed, progress=progress)
-    saes = load_entries(entries)
-    stage("sweep", t)
-
-    ce = None
-    if sweep_cfg.ce_sequences:
+    here = measure_layer(store, out, sweep_cfg, analysis_cfg, cfg.seed, progress, seconds, load_lm)
+    headline = sweep_cfg.architectures[0]
+    controls, selected = {}, analysis_cfg.selected_controls()
+    if selected:
         t = time.perf_counter()
-        lm = result.lm or models.load_model(the_plan.source, cfg.dtype, the_plan.layers_path)
-        seqs = the_plan.splits.eval[: sweep_cfg.ce_sequences]
-        ce = splice_evaluation(lm, store, seqs, saes)
-        del lm
-        stage("ce_loss_recovered", t)
+        bar = tqdm(selected, desc="controls", disable=not progress)
+        # The structure experiments measure other layers and models with the headline's
+        # settings: one architecture, no controls of their own.
+        quiet = replace(analysis_cfg, controls=[])
+        one_arch = replace(sweep_cfg, architectures=[headline])
 
-    t = time.perf_counter()
-    scores, evals, training, by_arch = {}, {}, {}, {}
-    for e, (name, sae) in tqdm(
-        zip(entries, saes.items(), strict=True), desc="AtP scores", disable=not progress
-    ):
-        scores.setdefault(e.architecture, {})[e.width] = atp_scores(
-            sae, store, analysis_cfg.blocks, analysis_cfg.read_tokens
+        def depth():
+            per_layer = {the_plan.layer: (_sigma_dicts(here.sigma), here.analysis[headline])}
+            for layer, other in sorted(result.stores.items()):
+                if layer != the_plan.layer:
+                    there = measure_layer(
+                        other, out / "depth" / f"L{layer}", one_arch, quiet, cfg.seed, False, {}
+                    )
+                    per_layer[layer] = (_sigma_dicts(there.sigma), there.analysis[headline])
+            return depth_summary(per_layer)
+
+        def task():
+            width = analysis_cfg.reference_width or min(sweep_cfg.widths)
+            sae, scores = here.saes[headline][width], here.scores[headline][width]
+            return {
+                "width": width,
+                **task_recovery(
+                    load_lm(), store, sae, scores, analysis_cfg.task_prompts, seed=cfg.seed
+                ),
+            }
+
+        def scale():
+            if plans.scale is None:
+                return {"skipped": "needs a second model of the family: pass --scale-model"}
+            other = harvest(plans.scale.config, progress=False, the_plan=plans.scale).store
+            there = measure_layer(other, out / "scale", one_arch, quiet, cfg.seed, False, {})
+            names = (cfg.model, analysis_cfg.scale_model)
+            return {
+                "layers": [the_plan.layer, plans.scale.layer],
+                "n_layers": [the_plan.source.n_layers, plans.scale.source.n_layers],
+                "d_model": [store.d_model, other.d_model],
+                **scale_comparison(
+                    (here.scores[headline], here.analysis[headline]),
+                    (there.scores[headline], there.analysis[headline]),
+                    names,
+                    seed=cfg.seed,
+                ),
+            }
+
+        controls = run_controls(
+            selected,
+            store,
+            here.saes,
+            here.scores,
+            here.evals,
+            here.analysis,
+            headline,
+            float(sweep_cfg.k),
+            analysis_cfg,
+            cfg.seed,
+            load_lm,
+            {
+                "synthetic": lambda: synthetic_ground_truth(
+                    out / "controls" / "synthetic", one_arch, quiet, cfg.seed
+                ),
+                "task": task,
+                "depth": depth,
+                "scale": scale,
+            },
+            progress=lambda name: bar.set_postfix_str(name) or bar.update(),
         )
-        by_arch.setdefault(e.architecture, {})[e.width] = sae
-        ev = dict(e.meta["eval"])
-        if ce is not None:
-            ev["ce_loss_recovered"] = ce["saes"][name]["ce_loss_recovered"]
-        evals.setdefault(e.architecture, {})[e.width] = ev
-        training[name] = {
+        bar.close()
+        seconds["controls"] = time.perf_counter() - t
+
+    training = {
+        f"{e.architecture}-w{e.width}": {
             "folder": str(e.folder.relative_to(out)),
             "reused": e.reused,
             "seconds": e.meta["train_stats"]["seconds"],
             "steps": e.meta["train_stats"].get("steps"),
         }
-    stage("scores", t)
-
-    t = time.perf_counter()
-    sweep = {
-        arch: analyze(scores[arch], evals[arch], store.d_model, analysis_cfg, cfg.seed)
-        for arch in sweep_cfg.architectures
+        for e in here.entries
     }
-    stage("analysis", t)
-
-    controls, selected = {}, analysis_cfg.selected_controls()
-    if selected:
-        t = time.perf_counter()
-        bar = tqdm(selected, desc="controls", disable=not progress)
-        controls = run_controls(
-            selected,
-            store,
-            by_arch,
-            scores,
-            evals,
-            sweep,
-            sweep_cfg.architectures[0],
-            float(sweep_cfg.k),
-            analysis_cfg,
-            cfg.seed,
-            lambda: (
-                result.lm or models.load_model(the_plan.source, cfg.dtype, the_plan.layers_path)
-            ),
-            progress=lambda name: bar.set_postfix_str(name) or bar.update(),
-        )
-        bar.close()
-        stage("controls", t)
-
+    sigma, ce, sweep = here.sigma, here.ce, here.analysis
     results = {
         "schema": SCHEMA,
         "causaldim_version": __version__,
@@ -166,12 +282,12 @@ def run(
             "eval_mean_loss": m["splits"]["eval"]["mean_loss"],
             "probes": {"logits": m["key"]["logit_probes"], "fisher": m["key"]["fisher_probes"]},
         },
-        "sigma": {reading: est.to_dict() for reading, est in sigma.items()},
+        "sigma": _sigma_dicts(sigma),
         "ce": None if ce is None else {k: v for k, v in ce.items() if k != "saes"},
         "saes": training,
         "sweep": sweep,
         "controls": controls,
-        "headline": sweep_cfg.architectures[0],
+        "headline": headline,
         "paper": PAPER,
         "versions": {**m["versions"], **_versions()},
         "started": started,
@@ -182,10 +298,14 @@ def run(
     t = time.perf_counter()
     atomic_write_json(path, results)
     figures = render(path, text=False)
-    stage("report", t)
+    seconds["report"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t0
     atomic_write_json(path, results)
     return RunResult(results, path, [*figures, *render(path, figures=False)])
+
+
+def _sigma_dicts(sigma: dict) -> dict:
+    return {reading: est.to_dict() for reading, est in sigma.items()}
 
 
 def _versions() -> dict:

@@ -1,0 +1,226 @@
+"""Control 'synthetic': a toy layer whose output depends on a known k-dimensional subspace,
+so that both estimates of causal dimensionality can be checked against the truth.
+
+The residual h is a sum of sparse features in superposition (positive magnitudes):
+  - k planted causal features, the orthonormal columns of U [d, k];
+  - n_features non-causal features, random unit directions inside the orthogonal
+    complement of U (so that "non-causal" is exact: they cannot move the output).
+The output is y = U^T h, read by a Gaussian probe t ~ N(0, I_k) drawn per token (the
+store's 'loss' is t . y, as the 'logits' reading of a real store), so g = U t and
+Sigma = E[g g^T] = U U^T: the direct erank is k by construction.
+
+On it the SAE sweep is trained and scored as on a real layer. Recall asks whether the
+features that AtP selects (AtP > epsilon) are the planted directions; subspace capture
+asks the basis-free question, whether their decoder rows span U.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from .analysis import analyze
+from .config import AnalysisConfig, SweepConfig
+from .sae.sweep import load_entries, run_sweep
+from .score import atp_scores
+from .sigma import measure
+from .store import Store, write_store
+
+COSINE_THRESHOLD = 0.9  # a decoder row with |cos| >= this to a planted direction recovers it
+INSIDE_FRACTION = 0.5  # a decoder row with less of its squared norm in U is non-causal
+MAX_WIDTH_RATIO = 64  # widths beyond this multiple of d are scaled down, keeping their ratios
+# TopK's k (and the target L0) is capped at this fraction of d: the real run's k = 32 is
+# d / 18 of SmolLM2's 576, while at the toy's d = 64 it would make codes half dense.
+MAX_K_FRACTION = 0.125
+TOY_BATCH_TOKENS = 256
+
+
+@dataclass
+class SyntheticSpec:
+    """The toy layer and how many tokens of it are stored."""
+
+    d: int = 64  # residual width
+    k: int = 8  # planted causal directions
+    n_features: int = 256  # non-causal features in superposition in the other d - k dims
+    feature_density: float = 0.024  # P(a non-causal feature fires); mean L0 ~6 + 2 planted
+    causal_density: float = 0.25  # P(a planted feature fires); 1.0: always on (dense)
+    causal_scale: float = 1.0  # planted magnitudes relative to the non-causal ones
+    train_tokens: int = 65_536
+    eval_tokens: int = 8_192
+    seq_len: int = 64
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class Planted(NamedTuple):
+    causal: torch.Tensor  # [d, k] orthonormal columns: the planted causal directions U
+    noncausal: torch.Tensor  # [n_features, d] unit rows inside the complement of U
+
+
+def planted(spec: SyntheticSpec, seed: int = 0) -> Planted:
+    """The directions of the toy layer, a function of the seed alone."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.linalg.qr(torch.randn(spec.d, spec.d, generator=gen, dtype=torch.float64)).Q
+    u, complement = q[:, : spec.k], q[:, spec.k :]
+    rows = torch.randn(spec.n_features, spec.d - spec.k, generator=gen, dtype=torch.float64)
+    rows = rows / rows.norm(dim=1, keepdim=True)
+    return Planted(u.float(), (rows @ complement.T).float())
+
+
+def _codes(n: int, m: int, density: float, scale: float, gen: torch.Generator) -> torch.Tensor:
+    """[n, m] sparse magnitudes: each entry fires with P = density, at scale * U(0.5, 1.5)."""
+    fires = torch.rand(n, m, generator=gen) < density
+    return fires * (scale * (0.5 + torch.rand(n, m, generator=gen)))
+
+
+def synthetic_store(root: Path | str, spec: SyntheticSpec, seed: int = 0) -> Store:
+    """A store of the toy layer: h for both splits, g = U t for the eval split."""
+    p = planted(spec, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+
+    def residual(n: int) -> torch.Tensor:
+        causal = _codes(n, spec.k, spec.causal_density, spec.causal_scale, gen)
+        other = _codes(n, spec.n_features, spec.feature_density, 1.0, gen)
+        return causal @ p.causal.T + other @ p.noncausal
+
+    h_eval = residual(spec.eval_tokens)
+    g = torch.randn(spec.eval_tokens, spec.k, generator=gen) @ p.causal.T
+    return write_store(
+        root,
+        {"eval": {"h": h_eval, "g": g}, "train": {"h": residual(spec.train_tokens)}},
+        spec.seq_len,
+        {"toy": "planted k-dimensional causal subspace", "seed": seed, **spec.to_dict()},
+    )
+
+
+def recovery(W_dec: torch.Tensor, atp: torch.Tensor, epsilon: float, u: torch.Tensor) -> dict:
+    """How the AtP-selected features (atp > epsilon) relate to the planted directions u
+    [d, k]: recall (planted directions with a selected decoder row within
+    COSINE_THRESHOLD), the same over all features (did the SAE learn them at all),
+    subspace capture ||P_S U||_F^2 / k with S the span of the selected rows, and how many
+    selected rows lie mostly outside U."""
+    unit = W_dec.double() / W_dec.double().norm(dim=1, keepdim=True).clamp_min(1e-30)
+    u = u.double()
+    cos = (unit @ u).abs()  # [width, k]
+    selected = atp > epsilon
+    k = u.shape[1]
+    capture = 0.0
+    if selected.any():
+        basis, sv, _ = torch.linalg.svd(unit[selected].T, full_matrices=False)
+        basis = basis[:, sv > sv[0] * 1e-6]
+        capture = float((basis.T @ u).pow(2).sum()) / k
+    inside = cos.pow(2).sum(1)  # fraction of each row's squared norm inside U
+    noncausal = int((selected & (inside < INSIDE_FRACTION)).sum())
+    n_selected = int(selected.sum())
+    return {
+        "recall": float((cos[selected] >= COSINE_THRESHOLD).any(0).sum()) / k,
+        "recall_dictionary": float((cos >= COSINE_THRESHOLD).any(0).sum()) / k,
+        "subspace_capture": capture,
+        "n_selected_noncausal": noncausal,
+        "selected_noncausal_fraction": noncausal / n_selected if n_selected else None,
+        "best_cosine": [float(c) for c in cos.max(0).values],
+    }
+
+
+def synthetic_sweep(sweep_cfg: SweepConfig, d: int) -> SweepConfig:
+    """The user's sweep, held to the toy's size: the headline architecture only, widths
+    scaled down (ratios kept) where the widest exceeds MAX_WIDTH_RATIO * d, and k capped at
+    MAX_K_FRACTION * d, in batches of at most TOY_BATCH_TOKENS."""
+    k = max(1, min(sweep_cfg.k, int(MAX_K_FRACTION * d)))
+    factor = min(1.0, MAX_WIDTH_RATIO * d / sweep_cfg.widths[-1])
+    widths = sorted({max(k, round(w * factor)) for w in sweep_cfg.widths})
+    # Steps on the toy are cheap: smaller batches give the SAEs several times the steps,
+    # enough to have a chance at learning the planted dictionary.
+    return dataclasses.replace(
+        sweep_cfg,
+        architectures=sweep_cfg.architectures[:1],
+        widths=widths,
+        k=k,
+        batch_tokens=min(sweep_cfg.batch_tokens, TOY_BATCH_TOKENS),
+    )
+
+
+def synthetic_ground_truth(
+    folder: Path | str,
+    sweep_cfg: SweepConfig,
+    analysis_cfg: AnalysisConfig,
+    seed: int = 0,
+    spec: SyntheticSpec | None = None,
+) -> dict:
+    """The toy layer's store, its SAE sweep and scores, under folder; returns the direct
+    erank against k, and per width N_causal, N_repr and the recovery of the planted
+    directions by the AtP-selected features, with kappa_hat against k. The sweep is
+    synthetic_sweep(sweep_cfg); epsilon is calibrated on its smallest width."""
+    start = time.perf_counter()
+    spec = spec or SyntheticSpec()
+    folder = Path(folder)
+    store = synthetic_store(folder / "store", spec, seed)
+    u = planted(spec, seed).causal
+
+    direct = measure(store, analysis_cfg, seed)
+    loss = direct["loss"]
+    cfg = synthetic_sweep(sweep_cfg, spec.d)
+    entries = run_sweep(store, folder, cfg, seed, progress=False)
+    saes = {e.width: sae for e, sae in zip(entries, load_entries(entries).values(), strict=True)}
+    scores = {
+        m: atp_scores(sae, store, analysis_cfg.blocks, analysis_cfg.read_tokens)
+        for m, sae in saes.items()
+    }
+    evals = {e.width: e.meta["eval"] for e in entries}
+    a = analyze(
+        scores, evals, spec.d, dataclasses.replace(analysis_cfg, reference_width=None), seed
+    )
+
+    rows = []
+    for r in a["per_width"]:
+        m = r["width"]
+        rows.append(
+            {
+                "width": m,
+                "n_causal": r["n_causal"],
+                "n_repr": r["n_repr"],
+                "l0": r["l0"],
+                "fraction_variance_explained": r["fraction_variance_explained"],
+                **recovery(saes[m].W_dec.detach(), scores[m].atp, a["epsilon"], u),
+            }
+        )
+    free = a["kappa"]["free"]
+    return {
+        "spec": spec.to_dict(),
+        "k": spec.k,
+        "d_model": spec.d,
+        "sweep": {
+            "architecture": cfg.architectures[0],
+            "widths": cfg.widths,
+            "k": cfg.k,
+            "epochs": cfg.epochs,
+            "batch_tokens": cfg.batch_tokens,
+        },
+        "cosine_threshold": COSINE_THRESHOLD,
+        "inside_fraction": INSIDE_FRACTION,
+        "direct": {
+            "erank": loss.erank,
+            "relative_error": loss.erank / spec.k - 1,
+            "erank_95": (loss.bootstrap or {}).get("erank_95", []),
+            "participation_ratio": loss.participation_ratio,
+            "activations_erank": direct["activations"].erank,
+            "n_samples": loss.n_samples,
+            "warning": loss.warning,
+        },
+        "percentile": a["percentile"],
+        "epsilon": a["epsilon"],
+        "kappa_hat": free["kappa"],
+        "kappa_95": list(free["interval_95"]),
+        "kappa_width_95": free["width_95"],
+        "kappa_at_most_d": a["kappa"]["at_most_d"]["kappa"],
+        "kappa_over_k": free["kappa"] / spec.k,
+        "rows": rows,
+        "warnings": a["warnings"],
+        "seconds": time.perf_counter() - start,
+    }
