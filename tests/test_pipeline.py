@@ -153,13 +153,15 @@ def test_bad_sweep_and_analysis_input(tmp_path, tiny_model, text_corpus, capsys,
 def test_a_store_without_gradients_is_refused_for_scoring(finished_run, tmp_path, capsys):
     import shutil
 
+    from causaldim.fileio import write_sealed_json
+
     out, args = finished_run
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
     (manifest,) = copy.glob("stores/*/manifest.json")
     m = json.loads(manifest.read_text())
     m["splits"]["eval"]["fields"] = [f for f in m["splits"]["eval"]["fields"] if f != "g"]
-    manifest.write_text(json.dumps(m))
+    write_sealed_json(manifest, m)  # a whole store, harvested without gradients
     before = snapshot(tmp_path)
     capsys.readouterr()
     assert cli.main([*args[:-1], str(copy)]) == 2
@@ -172,6 +174,7 @@ def test_results_of_another_schema_are_refused(finished_run, tmp_path, capsys):
     out, _ = finished_run
     old = json.loads((out / "results.json").read_text())
     old["schema"] = "causaldim.results/1"
+    del old["sealed_sha256"]  # an older causaldim sealed nothing
     path = tmp_path / "results.json"
     path.write_text(json.dumps(old))
     (tmp_path / "report.md").write_text("an older report\n")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import __version__
 from .config import PRESETS, AnalysisConfig, HarvestConfig, SweepConfig
-from .errors import UsageError
+from .errors import IntegrityError, UsageError
 
 
 def _add_config_args(parser: argparse.ArgumentParser, cls, preset: dict) -> None:
@@ -224,7 +224,7 @@ def _cmd_train(args) -> int:
     sweep_cfg.check()
     the_plan = plan(cfg)
     store = harvest(cfg, progress=not args.quiet, the_plan=the_plan).store
-    entries = run_sweep(store, Path(cfg.out), sweep_cfg, cfg.seed, progress=not args.quiet)
+    entries = run_sweep(store, Path(cfg.out), sweep_cfg, cfg.seed, not args.quiet, cfg.repair)
     ce = {}
     if sweep_cfg.ce_sequences:
         from .fileio import atomic_write_json
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser(preset).parse_args(argv)
     try:
         return args.func(args)
-    except UsageError as exc:
+    except (UsageError, IntegrityError) as exc:
         print(f"causaldim: error: {exc}", file=sys.stderr)
         return 2
 

@@ -85,6 +85,11 @@ class HarvestConfig:
     shard_tokens: int = _opt(16_384, "Tokens per store shard (bounds memory while writing).")
     seed: int = _opt(0, "Seed for the split, data order and everything random.")
     out: str = _opt("runs/default", "Output folder of the run; the store lives under it.")
+    repair: bool = _opt(
+        False,
+        "Recompute damaged artifacts (store shards, SAEs, checkpoints) instead of stopping "
+        "with an error that names them.",
+    )
     trust_remote_code: bool = _opt(
         False, "Allow a hub model's own Python code to run (only for models that need it)."
     )
@@ -244,6 +249,11 @@ class SweepConfig:
     lr: float = _opt(1e-3, "Adam learning rate (falls linearly to 0 over the last 20%).")
     batch_tokens: int = _opt(1024, "Tokens per training step.")
     dead_tokens: int = _opt(200_000, "A feature silent for this many tokens counts as dead.")
+    checkpoint_steps: int = _opt(
+        100,
+        "Save each SAE's training state every this many steps, so that a killed sweep "
+        "resumes mid-SAE (0: never).",
+    )
     ce_sequences: int = _opt(
         8,
         "Eval sequences on which each SAE is spliced into the model (CE loss recovered); 0: skip.",
@@ -261,6 +271,8 @@ class SweepConfig:
             raise UsageError(f"--k must lie in 1..{self.widths[0]} (the smallest width)")
         if self.ce_sequences < 0:
             raise UsageError("--ce-sequences must be >= 0")
+        if self.checkpoint_steps < 0:
+            raise UsageError("--checkpoint-steps must be >= 0")
         for name in ("epochs", "batch_tokens", "dead_tokens"):
             if getattr(self, name) <= 0:
                 raise UsageError(f"--{_flag(name)} must be positive")

@@ -17,6 +17,7 @@ import torch
 from .ablation import atp_vs_ablation
 from .analysis import analyze
 from .config import AnalysisConfig
+from .faults import fault_point
 from .sae import SAE
 from .sae.train import match_l0
 from .score import Scores, atp_scores
@@ -306,6 +307,7 @@ def run_controls(
     for name in names:
         if progress:
             progress(name)
+        fault_point(f"control.{name}")
         result = jobs[name]()
         out[name] = (
             result if name in ("architectures", "l0") else {"architecture": headline, **result}

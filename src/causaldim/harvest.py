@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,8 +20,9 @@ from tqdm.auto import tqdm
 from . import __version__
 from .config import HarvestConfig
 from .corpus import Corpus, Splits, load_corpus, split, tokenize
-from .errors import UsageError
-from .fileio import atomic_write_json
+from .errors import IntegrityError, UsageError
+from .faults import fault_point
+from .fileio import write_sealed_json
 from .models import (
     LoadedModel,
     ModelSource,
@@ -32,7 +34,7 @@ from .models import (
     resolve_model,
     skeleton,
 )
-from .store import FORMAT, MANIFEST, ShardWriter, Store, StoreError
+from .store import FORMAT, MANIFEST, ShardWriter, Store, UnfinishedStore
 
 # ---------------------------------------------------------------------------- model pass
 
@@ -332,14 +334,20 @@ class _OutlierStats:
         return spread("outlier") / total if total > 0 else 0.0
 
 
-def _existing(root: Path, key: dict) -> Store | None:
+def _existing(root: Path, key: dict, repair: bool) -> Store | None:
+    """The finished store of this key under root, or None (absent, unfinished, another
+    key, or damaged with repair). A damaged store is named, never silently reused."""
     try:
         store = Store(root)
-    except StoreError:
+        if store.manifest.get("key") != key:
+            return None
+        store.verify()
+    except UnfinishedStore:
         return None
-    if store.manifest.get("key") != key:
-        return None
-    store.verify()  # a damaged store is named, never silently reused
+    except IntegrityError:
+        if repair:
+            return None
+        raise
     return store
 
 
@@ -356,12 +364,17 @@ def harvest(cfg: HarvestConfig, progress: bool = True, the_plan: Plan | None = N
     """Run the model pass for cfg (or reuse finished, matching stores): one pass writes
     the store of every planned layer that has none yet."""
     p = the_plan or plan(cfg)
-    stores = {i: _existing(p.store_dirs[i], p.keys[i]) for i in p.store_dirs}
+    stores = {i: _existing(p.store_dirs[i], p.keys[i], cfg.repair) for i in p.store_dirs}
     missing = [i for i, s in stores.items() if s is None]
     if not missing:
         return HarvestResult(stores[p.layer], reused=True, stores=stores)
     for i in missing:
         if p.store_dirs[i].exists():  # an unfinished store of this same request: redo it
+            print(
+                f"causaldim: note: store {p.store_dirs[i].name} is unfinished (no manifest); "
+                "harvesting it again",
+                file=sys.stderr,
+            )
             shutil.rmtree(p.store_dirs[i])
         p.store_dirs[i].mkdir(parents=True)
 
@@ -388,7 +401,7 @@ def harvest(cfg: HarvestConfig, progress: bool = True, the_plan: Plan | None = N
 
     for i, out in outputs.items():
         manifest = _manifest(p, i, out, seconds, shared_with=missing)
-        atomic_write_json(out.root / MANIFEST, manifest)
+        write_sealed_json(out.root / MANIFEST, manifest)
         stores[i] = Store(out.root)
     return HarvestResult(stores[p.layer], reused=p.layer not in missing, lm=lm, stores=stores)
 
@@ -478,6 +491,7 @@ def _harvest_split(lm, p: Plan, name, seqs, outputs: dict[int, _LayerOutput], pr
                 outlier=outlier,
             )
         bar.update(ids.numel())
+        fault_point("harvest.batch")
     bar.close()
     for i, writer in writers.items():
         writer.flush()

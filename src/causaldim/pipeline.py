@@ -14,12 +14,13 @@ from typing import NamedTuple
 
 from tqdm.auto import tqdm
 
-from . import __version__, models
+from . import __version__, faults, models
 from .ablation import eval_sequences
 from .analysis import PAPER, analyze
 from .config import AnalysisConfig, HarvestConfig, SweepConfig
 from .controls import run_controls
-from .fileio import atomic_write_json, sha256_file
+from .faults import fault_point
+from .fileio import sha256_file, write_sealed_json
 from .harvest import Plan, harvest, plan
 from .models import resolve_model
 from .report import SCHEMA, render
@@ -91,18 +92,20 @@ def measure_layer(
     progress: bool,
     seconds: dict,
     load_lm=None,
+    repair: bool = False,
 ) -> Measurement:
     """Direct Sigma, the SAE sweep (SAEs under out/saes), AtP scores and the analysis of
     one store; with load_lm, each SAE is also spliced into the model (CE recovered)."""
 
     def timed(name: str, work):
+        fault_point(f"stage.{name}")
         t = time.perf_counter()
         value = work()
         seconds[name] = time.perf_counter() - t
         return value
 
     sigma = timed("sigma", lambda: measure(store, analysis_cfg, seed=seed))
-    entries = timed("sweep", lambda: run_sweep(store, out, sweep_cfg, seed, progress=progress))
+    entries = timed("sweep", lambda: run_sweep(store, out, sweep_cfg, seed, progress, repair))
     named = load_entries(entries)
     ce = None
     if sweep_cfg.ce_sequences and load_lm is not None:
@@ -117,6 +120,7 @@ def measure_layer(
     for e, (name, sae) in tqdm(
         zip(entries, named.items(), strict=True), desc="AtP scores", disable=not progress
     ):
+        fault_point("scores.sae")
         scores.setdefault(e.architecture, {})[e.width] = atp_scores(
             sae, store, analysis_cfg.blocks, analysis_cfg.read_tokens
         )
@@ -147,6 +151,7 @@ def run(
     analysis_cfg = analysis_cfg or AnalysisConfig()
     sweep_cfg = analysis_cfg.sweep_for(sweep_cfg or SweepConfig())
     plans = check(cfg, sweep_cfg, analysis_cfg)  # before anything is written
+    faults.reset()
     the_plan = plans.main
     out = Path(cfg.out)
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.perf_counter()
@@ -165,7 +170,9 @@ def run(
         lm = lm or models.load_model(the_plan.source, cfg.dtype, the_plan.layers_path)
         return lm
 
-    here = measure_layer(store, out, sweep_cfg, analysis_cfg, cfg.seed, progress, seconds, load_lm)
+    here = measure_layer(
+        store, out, sweep_cfg, analysis_cfg, cfg.seed, progress, seconds, load_lm, cfg.repair
+    )
     headline = sweep_cfg.architectures[0]
     controls, selected = {}, analysis_cfg.selected_controls()
     if selected:
@@ -296,11 +303,12 @@ def run(
     path = out / "results.json"
     # Figures first; then results.json with the final timings, which the text report shows.
     t = time.perf_counter()
-    atomic_write_json(path, results)
+    write_sealed_json(path, results)
+    fault_point("stage.report")
     figures = render(path, text=False)
     seconds["report"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t0
-    atomic_write_json(path, results)
+    write_sealed_json(path, results)
     return RunResult(results, path, [*figures, *render(path, figures=False)])
 
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 
 from .errors import UsageError
-from .fileio import atomic_write_bytes
+from .fileio import atomic_write_bytes, read_sealed_json
 
 SCHEMA = "causaldim.results/2"
 
@@ -30,10 +29,7 @@ def load_results(path: Path | str) -> dict:
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"{path} does not exist; pass the results.json of a run")
-    try:
-        results = json.loads(path.read_text())
-    except ValueError:
-        raise UsageError(f"{path} is not valid JSON; pass a results.json") from None
+    results = read_sealed_json(path, "results (causaldim run with the same --out)")
     schema = results.get("schema") if isinstance(results, dict) else None
     if schema != SCHEMA:
         raise UsageError(

@@ -14,7 +14,6 @@ The manifest is written last: a folder without one is an unfinished store.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,8 +21,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save as save_safetensors
 
-from .errors import UsageError
-from .fileio import atomic_write_bytes, atomic_write_json, sha256_file
+from .errors import IntegrityError, UsageError
+from .fileio import atomic_write_bytes, read_sealed_json, sha256_file, write_sealed_json
 
 FORMAT = "causaldim-store/1"
 MANIFEST = "manifest.json"
@@ -31,8 +30,12 @@ FLOAT_FIELDS = ("h", "g", "u_logits", "u_fisher")
 _FP16_MAX = 60_000.0
 
 
-class StoreError(RuntimeError):
+class StoreError(IntegrityError):
     """A store on disk is missing, unfinished or damaged."""
+
+
+class UnfinishedStore(StoreError):
+    """A store folder without its manifest: its pass never finished."""
 
 
 class ShardWriter:
@@ -85,12 +88,9 @@ class Store:
     def __init__(self, root: Path | str):
         self.root = Path(root)
         path = self.root / MANIFEST
-        if not path.is_file():
-            raise StoreError(f"{self.root} holds no finished store (no {MANIFEST})")
-        try:
-            self.manifest = json.loads(path.read_text())
-        except ValueError as exc:
-            raise StoreError(f"{path} is not valid JSON: {exc}") from None
+        if not path.is_file():  # the manifest is written last: the pass did not finish
+            raise UnfinishedStore(f"{self.root} holds no finished store (no {MANIFEST})")
+        self.manifest = read_sealed_json(path, "store")
         if self.manifest.get("format") != FORMAT:
             raise StoreError(f"{path} is not a {FORMAT} manifest")
 
@@ -116,12 +116,15 @@ class Store:
         for split, info in self.manifest["splits"].items():
             for shard in info["shards"]:
                 path = self.root / shard["file"]
+                fix = "rerun with --repair to harvest the store again"
                 if not path.is_file():
-                    raise StoreError(f"store {self.root}: {split} shard {shard['file']} is missing")
+                    raise StoreError(
+                        f"store {self.root}: {split} shard {shard['file']} is missing; {fix}"
+                    )
                 if sha256_file(path) != shard["sha256"]:
                     raise StoreError(
                         f"store {self.root}: {split} shard {shard['file']} does not match its "
-                        "hash (damaged or changed)"
+                        f"hash (damaged or changed); {fix}"
                     )
 
     def shards(self, split: str, fields: tuple[str, ...]) -> Iterator[dict[str, torch.Tensor]]:
@@ -216,5 +219,5 @@ def write_store(
         "outliers": {"threshold": torch.finfo(torch.float32).max, "n_outliers": 0},
         "splits": info,
     }
-    atomic_write_json(root / MANIFEST, manifest)
+    write_sealed_json(root / MANIFEST, manifest)
     return Store(root)

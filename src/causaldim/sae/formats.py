@@ -8,6 +8,7 @@ Our folder: `sae.safetensors` (W_enc [d, m], b_enc [m], W_dec [m, d], b_dec [d],
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import tempfile
@@ -16,8 +17,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+from safetensors.torch import save as save_bytes
 
-from ..errors import UsageError
+from ..errors import IntegrityError, UsageError
+from ..fileio import read_sealed_json, sha256_file, write_sealed_json
 from . import SAE, SAEConfig, build
 
 FORMAT = "causaldim-sae/1"
@@ -60,26 +63,49 @@ def _write_folder(folder: Path, files: dict[str, callable]) -> Path:
 
 
 def save(sae: SAE, folder: Path, extra: dict | None = None) -> Path:
-    meta = {"format": FORMAT, "sae": sae.cfg.to_dict(), **(extra or {})}
+    """Weights and cfg.json, which records the weights' sha256 (checked on load)."""
+    data = save_bytes(_tensors(sae))
+    meta = {
+        "format": FORMAT,
+        "sae": sae.cfg.to_dict(),
+        "weights_sha256": hashlib.sha256(data).hexdigest(),
+        **(extra or {}),
+    }
     return _write_folder(
         folder,
         {
-            WEIGHTS: lambda p: save_file(_tensors(sae), p),
-            CONFIG: lambda p: p.write_text(json.dumps(meta, indent=2) + "\n"),
+            WEIGHTS: lambda p: p.write_bytes(data),
+            CONFIG: lambda p: write_sealed_json(p, meta),
         },
     )
 
 
 def read_meta(folder: Path) -> dict:
-    meta = json.loads((Path(folder) / CONFIG).read_text())
+    meta = read_sealed_json(Path(folder) / CONFIG, "SAE")
     if meta.get("format") != FORMAT:
         raise UsageError(f"{folder} is not a causaldim SAE folder ({CONFIG} has no {FORMAT})")
     return meta
 
 
-def load(folder: Path) -> SAE:
+def verify(folder: Path) -> dict:
+    """cfg.json, once the weights file is found whole and matching its recorded sha256."""
     folder = Path(folder)
     meta = read_meta(folder)
+    expected = meta.get("weights_sha256")
+    path = folder / WEIGHTS
+    if not path.is_file():
+        raise IntegrityError(f"{path} is missing; rerun with --repair to train that SAE again")
+    if expected is not None and sha256_file(path) != expected:
+        raise IntegrityError(
+            f"{path} does not match the sha256 in its {CONFIG} (damaged or truncated); "
+            "rerun with --repair to train that SAE again"
+        )
+    return meta
+
+
+def load(folder: Path) -> SAE:
+    folder = Path(folder)
+    meta = verify(folder)
     return _from_tensors(SAEConfig(**meta["sae"]), load_file(folder / WEIGHTS))
 
 

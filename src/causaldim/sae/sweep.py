@@ -15,9 +15,11 @@ import torch
 from tqdm.auto import tqdm
 
 from ..config import SweepConfig
+from ..errors import IntegrityError
 from ..store import Store
 from . import SAE, SAEConfig, build
-from .formats import CONFIG, load, read_meta, save
+from .checkpoint import Checkpoint
+from .formats import CONFIG, load, read_meta, save, verify
 from .train import Normalizer, TrainSettings, train_sae
 
 
@@ -90,9 +92,16 @@ def _settings(cfg: SweepConfig, seed: int) -> TrainSettings:
 
 
 def run_sweep(
-    store: Store, out: Path, cfg: SweepConfig, seed: int = 0, progress: bool = True
+    store: Store,
+    out: Path,
+    cfg: SweepConfig,
+    seed: int = 0,
+    progress: bool = True,
+    repair: bool = False,
 ) -> list[SweepEntry]:
-    """Train (or reuse) every (architecture, width) SAE of the sweep; returns entries."""
+    """Train (or reuse) every (architecture, width) SAE of the sweep; returns entries. An
+    SAE killed mid-training resumes from its last checkpoint; a finished one whose weights
+    fail their hash raises IntegrityError, or is trained again with repair."""
     out = Path(out)
     fingerprint = store_fingerprint(store)
     settings = _settings(cfg, seed)
@@ -111,11 +120,12 @@ def run_sweep(
             "width": width,
             "k": cfg.k,
         }
-        if (folder / CONFIG).is_file():
-            meta = read_meta(folder)
-            if meta.get("request") == request:
-                entries.append(SweepEntry(arch, width, folder, True, meta))
-                continue
+        if (meta := _finished(folder, request, repair)) is not None:
+            entries.append(SweepEntry(arch, width, folder, True, meta))
+            continue
+        checkpoint = Checkpoint(
+            out / "saes" / f".partial-{arch}-w{width}", request, cfg.checkpoint_steps, repair
+        )
         if normalizer is None:
             normalizer = fit_normalizer(store)
             # Train tokens on which JumpReLU and ReLU get their final exact L0 match.
@@ -127,7 +137,7 @@ def run_sweep(
                 yield b["h"]
 
         t = time.perf_counter()
-        stats = train_sae(sae, batches, settings, steps, normalizer, held_out)
+        stats = train_sae(sae, batches, settings, steps, normalizer, held_out, checkpoint)
         seconds = time.perf_counter() - t
         meta = {
             "request": request,
@@ -136,6 +146,7 @@ def run_sweep(
             "eval": evaluate(sae.requires_grad_(False), store),
         }
         save(sae, folder, meta)
+        checkpoint.clear()
         entries.append(SweepEntry(arch, width, folder, False, read_meta(folder)))
     return entries
 
@@ -166,3 +177,24 @@ def splice_evaluation(lm, store: Store, seqs: torch.Tensor, saes: dict[str, SAE]
         (total / n).float(),
         store.manifest["outliers"]["threshold"],
     )
+
+
+def _finished(folder: Path, request: dict, repair: bool) -> dict | None:
+    """cfg.json of a finished, intact SAE of this request in folder, or None. A damaged
+    one raises IntegrityError, or gives None (train again) with repair."""
+    if not folder.is_dir():
+        return None
+    try:
+        if not (folder / CONFIG).is_file():  # folders are renamed into place whole
+            raise IntegrityError(
+                f"{folder / CONFIG} is missing; rerun with --repair to train that SAE again"
+            )
+        meta = read_meta(folder)
+        if meta.get("request") != request:
+            return None
+        verify(folder)
+        return meta
+    except IntegrityError:
+        if repair:
+            return None
+        raise

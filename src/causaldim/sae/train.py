@@ -16,7 +16,9 @@ from typing import NamedTuple
 
 import torch
 
+from ..faults import fault_point
 from .base import SAE
+from .checkpoint import Checkpoint
 from .topk import TopKSAE
 
 
@@ -69,9 +71,12 @@ def train_sae(
     total_steps: int,
     normalizer: Normalizer,
     held_out: torch.Tensor | None = None,
+    checkpoint: Checkpoint | None = None,
 ) -> TrainStats:
     """Train in place on normalised batches; fold the normalisation in at the end. With
-    `held_out` tokens, a final uniform shift of the firing bars matches L0 exactly."""
+    `held_out` tokens, a final uniform shift of the firing bars matches L0 exactly. With
+    a checkpoint, the state is saved every checkpoint.every steps and a saved state of
+    the same request is resumed from: batches() must give the same batches each epoch."""
     gen = torch.Generator().manual_seed(settings.seed)
     sae.reset(gen)
     opt = torch.optim.Adam(sae.parameters(), lr=settings.lr, betas=(0.9, 0.999), fused=True)
@@ -81,9 +86,18 @@ def train_sae(
     is_topk = isinstance(sae, TopKSAE)
     dtype = getattr(torch, settings.compute_dtype)
     step, tokens, history, recent = 0, 0, [], []
-    first = True
-    for _ in range(settings.epochs):
-        for raw in batches():
+    first, done = True, (-1, -1)  # (epoch, batch) of the last step taken before a resume
+    if checkpoint is not None and (saved := checkpoint.load()) is not None:
+        tensors, state = saved
+        _restore(sae, opt, gen, tensors, state)
+        since_fired = tensors["since_fired"]
+        step, tokens, coef, first = state["step"], state["tokens"], state["coef"], False
+        history, recent = state["history"], [tuple(r) for r in state["recent"]]
+        done = tuple(state["done"])
+    for epoch in range(settings.epochs):
+        for position, raw in enumerate(batches()):
+            if (epoch, position) <= done:
+                continue  # consumed before the checkpoint
             x = normalizer(raw)
             if first:  # b_dec starts at the data's centre, sparsity at the target
                 with torch.no_grad():
@@ -132,6 +146,18 @@ def train_sae(
                         "dead": int(dead.sum()),
                     }
                 )
+            if checkpoint is not None and checkpoint.due(step):
+                tensors, state = _snapshot(sae, opt, gen, since_fired)
+                state.update(
+                    step=step,
+                    tokens=tokens,
+                    coef=coef,
+                    history=history,
+                    recent=recent,
+                    done=[epoch, position],
+                )
+                checkpoint.save(tensors, state)
+            fault_point("train.step")
     if not is_topk and held_out is not None:
         match_l0(sae, normalizer(held_out), settings.target_l0)
     with torch.no_grad():
@@ -146,6 +172,29 @@ def train_sae(
         float((since_fired > settings.dead_tokens).float().mean()),
         history,
     )
+
+
+def _snapshot(sae: SAE, opt: torch.optim.Optimizer, gen: torch.Generator, since_fired):
+    """Tensors and JSON state that make the rest of training bit-identical."""
+    opt_state = opt.state_dict()
+    tensors = {f"sae.{k}": v for k, v in sae.state_dict().items()}
+    for i, slots in opt_state["state"].items():
+        for name, value in slots.items():
+            tensors[f"opt.{i}.{name}"] = value
+    tensors["since_fired"] = since_fired
+    tensors["generator"] = gen.get_state()
+    return tensors, {"param_groups": opt_state["param_groups"]}
+
+
+def _restore(sae: SAE, opt, gen: torch.Generator, tensors: dict, state: dict) -> None:
+    sae.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("sae.")})
+    slots: dict[int, dict] = {}
+    for key, value in tensors.items():
+        if key.startswith("opt."):
+            _, i, name = key.split(".", 2)
+            slots.setdefault(int(i), {})[name] = value
+    opt.load_state_dict({"state": slots, "param_groups": state["param_groups"]})
+    gen.set_state(tensors["generator"])
 
 
 @torch.no_grad()
