@@ -63,7 +63,30 @@ def cases(tmp_path, tiny_model, text_corpus):
         ),
         "bad layers path": ([*base, "--layers-path", "model.blocks"], "has no attribute"),
         "negative probes": ([*base, "--logit-probes", "-1"], "--logit-probes must be >= 0"),
+        "not a number": ([*base, "--tokens", "many"], "invalid int value"),
+        "unknown flag": ([*base, "--tokenz", "5"], "unrecognized arguments"),
+        "unknown preset": ([*base, "--preset", "huge"], "unknown preset"),
+        "config file missing": ([*base, "--config", str(tmp_path / "no.json")], "does not exist"),
+        "config file not json": ([*base, "--config", str(a_file)], "is not valid JSON"),
+        "config file unknown key": (
+            [*base, "--config", _json(tmp_path, {"harvest": {"tokenz": 5}})],
+            "unknown setting 'tokenz'; did you mean 'tokens'?",
+        ),
+        "config file wrong type": (
+            [*base, "--config", _json(tmp_path, {"tokens": "lots"})],
+            "setting 'tokens' must be int",
+        ),
+        "config file bad section": (
+            [*base, "--config", _json(tmp_path, {"sweep": [1, 2]})],
+            "'sweep' must be an object of settings",
+        ),
     }
+
+
+def _json(tmp_path, obj) -> str:
+    path = tmp_path / f"config-{abs(hash(json.dumps(obj, sort_keys=True)))}.json"
+    path.write_text(json.dumps(obj))
+    return str(path)
 
 
 CASE_NAMES = [
@@ -83,6 +106,15 @@ CASE_NAMES = [
     "out is a file",
     "unknown family",
     "bad layers path",
+    "negative probes",
+    "not a number",
+    "unknown flag",
+    "unknown preset",
+    "config file missing",
+    "config file not json",
+    "config file unknown key",
+    "config file wrong type",
+    "config file bad section",
 ]
 
 
@@ -101,6 +133,104 @@ def test_bad_input(tmp_path, tiny_model, text_corpus, capsys, no_model_work, cas
     assert len(err.splitlines()) == 1 and err.startswith("causaldim: error: ")
     assert snapshot(tmp_path) == before  # nothing written or overwritten
     assert not out.exists()
+
+
+def run_cases(tmp_path, tiny_model, text_corpus):
+    """Bad settings that only `run` takes (the sweep, the analysis, the controls)."""
+    foreign = tmp_path / "someone-elses"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("x")
+    return {
+        "widths not increasing": (["--widths", "64", "32"], "strictly increasing"),
+        "k above the smallest width": (["--widths", "16", "32", "--k", "20"], "--k must lie"),
+        "unknown architecture": (["--architectures", "gated"], "invalid choice"),
+        "percentile": (["--percentile", "100"], "--percentile must lie in (0, 100)"),
+        "reference width": (["--reference-width", "48"], "is not among --widths"),
+        "negative bootstrap": (["--bootstrap", "-1"], "--bootstrap must be >= 0"),
+        "one block": (["--blocks", "1"], "--blocks must be at least 2"),
+        "zero epochs": (["--epochs", "0"], "--epochs must be positive"),
+        "negative lr": (["--lr", "-0.1"], "--lr must be positive"),
+        "negative checkpoint steps": (["--checkpoint-steps", "-5"], "--checkpoint-steps"),
+        "unknown control": (["--controls", "everything"], "invalid choice"),
+        "depth layer out of range": (
+            ["--controls", "depth", "--depth-layers", "1", "9"],
+            "layer 9 is out of range",
+        ),
+        "scale model missing": (
+            ["--controls", "scale", "--scale-model", str(tmp_path / "nope")],
+            "neither a model folder",
+        ),
+        "config value out of range": (
+            ["--config", _json(tmp_path, {"analysis": {"percentile": 0.0}})],
+            "--percentile must lie in (0, 100)",
+        ),
+        "out holds another run's files": (["--out", str(foreign)], "not a causaldim run"),
+    }
+
+
+RUN_CASE_NAMES = [
+    "widths not increasing",
+    "k above the smallest width",
+    "unknown architecture",
+    "percentile",
+    "reference width",
+    "negative bootstrap",
+    "one block",
+    "zero epochs",
+    "negative lr",
+    "negative checkpoint steps",
+    "unknown control",
+    "depth layer out of range",
+    "scale model missing",
+    "config value out of range",
+    "out holds another run's files",
+]
+
+
+@pytest.mark.parametrize("case", RUN_CASE_NAMES)
+def test_bad_run_input(tmp_path, tiny_model, text_corpus, capsys, no_model_work, case):
+    args, message = run_cases(tmp_path, tiny_model, text_corpus)[case]
+    base = ["--model", tiny_model("llama"), "--corpus", str(text_corpus), "--seq-len", "32"]
+    base += ["--widths", "16", "32", "--k", "4"]
+    if "--out" not in args:
+        base += ["--out", str(tmp_path / "out")]
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    assert cli.main(["--quiet", "run", *base, *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err
+    assert len(err.splitlines()) == 1 and err.startswith("causaldim: error: ")
+    assert snapshot(tmp_path) == before
+    assert not (tmp_path / "out").exists()
+
+
+def test_not_enough_disk_is_refused_before_any_work(
+    tmp_path, tiny_model, text_corpus, capsys, no_model_work, monkeypatch
+):
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
+    out = tmp_path / "out"
+    args = ["--model", tiny_model("llama"), "--corpus", str(text_corpus), "--out", str(out)]
+    assert cli.main(["--quiet", "run", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "GB free" in err and len(err.splitlines()) == 1
+    assert not out.exists()
+
+
+def test_a_config_file_sets_what_flags_do_not(tmp_path, tiny_model, text_corpus):
+    """File over preset, flags over file; a results.json's config block is accepted."""
+    from causaldim.cli import _config, _parser
+    from causaldim.config import PRESETS, HarvestConfig, SweepConfig, read_config_file
+
+    config = _json(tmp_path, {"harvest": {"tokens": 4096, "seq_len": 64}, "sweep": {"k": 8}})
+    values = {**PRESETS["smoke"], **read_config_file(config)}
+    args = _parser(values).parse_args(["run", "--seq-len", "32"])
+    harvest, sweep = _config(args, HarvestConfig), _config(args, SweepConfig)
+    assert (harvest.tokens, harvest.seq_len, sweep.k) == (4096, 32, 8)
+    assert sweep.widths == PRESETS["smoke"]["widths"]
 
 
 def small_harvest_args(tmp_path, text_corpus) -> list[str]:

@@ -11,7 +11,7 @@ import typing
 from pathlib import Path
 
 from . import __version__
-from .config import PRESETS, AnalysisConfig, HarvestConfig, SweepConfig
+from .config import PRESETS, AnalysisConfig, HarvestConfig, SweepConfig, read_config_file
 from .errors import IntegrityError, UsageError
 
 
@@ -74,20 +74,33 @@ def _add_preset(parser: argparse.ArgumentParser) -> None:
 
 def _add_configs(parser: argparse.ArgumentParser, values: dict, *classes) -> None:
     _add_preset(parser)
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="A JSON file of settings (names as the flags, with _; flat or under harvest, "
+        "sweep, analysis: a results.json's 'config' block works). It overrides the preset; "
+        "flags given override it.",
+    )
     for cls in classes:
         _add_config_args(parser, cls, values)
 
 
-def _parser(preset: str = "default") -> argparse.ArgumentParser:
-    values = PRESETS[preset]
-    parser = argparse.ArgumentParser(
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad flags in one line, like every other bad input."""
+
+    def error(self, message: str):
+        raise UsageError(f"{message} (see {self.prog} -h)")
+
+
+def _parser(values: dict) -> argparse.ArgumentParser:
+    parser = _Parser(
         prog="causaldim",
         description="Causal dimensionality of a transformer layer: how many residual "
         "directions move the model's output.",
     )
     parser.add_argument("--version", action="version", version=f"causaldim {__version__}")
     parser.add_argument("--quiet", action="store_true", help="No progress bars.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser(
         "harvest",
@@ -298,20 +311,20 @@ def _cmd_models(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # The preset decides the other flags' defaults, so it is read first.
+    # The preset and a config file decide the other flags' defaults, so they are read first.
     first = argparse.ArgumentParser(add_help=False)
     first.add_argument("--preset", default="default")
-    preset = first.parse_known_args(argv)[0].preset
-    if preset not in PRESETS:
-        print(
-            f"causaldim: error: unknown preset {preset!r}; choose one of {', '.join(PRESETS)}",
-            file=sys.stderr,
-        )
-        return 2
-    args = _parser(preset).parse_args(argv)
+    first.add_argument("--config", default=None)
+    known = first.parse_known_args(argv)[0]
     try:
+        if known.preset not in PRESETS:
+            raise UsageError(f"unknown preset {known.preset!r}; choose one of {', '.join(PRESETS)}")
+        values = dict(PRESETS[known.preset])
+        if known.config is not None:
+            values.update(read_config_file(known.config))
+        args = _parser(values).parse_args(argv)
         return args.func(args)
-    except (UsageError, IntegrityError) as exc:
+    except (UsageError, IntegrityError, FloatingPointError) as exc:
         print(f"causaldim: error: {exc}", file=sys.stderr)
         return 2
 

@@ -337,6 +337,10 @@ def preset_configs(
     if name not in PRESETS:
         raise UsageError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     values = {**PRESETS[name], **overrides}
+    types_ = field_types()
+    for key, value in values.items():
+        if key in types_:
+            check_value(key, value, types_[key])
     out = []
     for cls in (HarvestConfig, SweepConfig, AnalysisConfig):
         names = {f.name for f in dataclasses.fields(cls)}
@@ -345,3 +349,82 @@ def preset_configs(
     if unknown:
         raise UsageError(f"unknown setting(s) {', '.join(sorted(unknown))}")
     return tuple(out)
+
+
+CONFIG_CLASSES = {"harvest": HarvestConfig, "sweep": SweepConfig, "analysis": AnalysisConfig}
+
+
+def field_types() -> dict[str, object]:
+    """Every setting's name and type, across the three configs."""
+    import typing
+
+    return {
+        name: kind
+        for cls in CONFIG_CLASSES.values()
+        for name, kind in typing.get_type_hints(cls).items()
+    }
+
+
+def check_value(name: str, value, kind) -> None:
+    """UsageError unless value has the field's type (ints pass for floats; bools are not
+    ints; None only where the field allows it)."""
+    import types
+    import typing
+
+    options = typing.get_args(kind) if isinstance(kind, types.UnionType) else (kind,)
+    for option in options:
+        if option is type(None) and value is None:
+            return
+        if typing.get_origin(option) is list:
+            (item,) = typing.get_args(option)
+            if isinstance(value, list) and all(_is(v, item) for v in value):
+                return
+        elif option is not type(None) and _is(value, option):
+            return
+    wanted = " or ".join(getattr(o, "__name__", str(o)) for o in options).replace(
+        "NoneType", "null"
+    )
+    raise UsageError(f"setting {name!r} must be {wanted}, got {value!r}")
+
+
+def _is(value, kind) -> bool:
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+def read_config_file(path: str | Path) -> dict:
+    """Settings from a JSON file: field names and values, flat or nested under harvest,
+    sweep and analysis (a results.json's "config" block can be saved and passed as is).
+    UsageError naming the fix if the file is missing, not JSON, or holds an unknown key or
+    a value of the wrong type."""
+    import difflib
+    import json
+
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"--config {path} does not exist; pass a JSON file of settings")
+    try:
+        obj = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--config {path} is not valid JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise UsageError(f"--config {path} must hold a JSON object of settings")
+    flat = {}
+    for key, value in obj.items():
+        if key in CONFIG_CLASSES:
+            if not isinstance(value, dict):
+                raise UsageError(f"--config {path}: {key!r} must be an object of settings")
+            flat.update(value)
+        else:
+            flat[key] = value
+    types_ = field_types()
+    for key, value in flat.items():
+        if key not in types_:
+            close = difflib.get_close_matches(key, types_, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise UsageError(f"--config {path}: unknown setting {key!r}{hint}")
+        check_value(key, value, types_[key])
+    return flat

@@ -49,6 +49,24 @@ def parameter_counts(the_plan: Plan) -> dict[str, int]:
     }
 
 
+def disk_bytes(the_plan: Plan, sweep: SweepConfig) -> dict[str, int]:
+    """Bytes the run writes: every planned layer's store, and the SAEs (checkpoints hold
+    about twice an SAE's weights, one SAE at a time)."""
+    cfg = the_plan.config
+    d, seq = the_plan.source.d_model, cfg.seq_len
+    n_train, n_eval = len(the_plan.splits.train) * seq, len(the_plan.splits.eval) * seq
+    probes = cfg.logit_probes + cfg.fisher_probes
+    element = STORE_BYTES[cfg.store_dtype]
+    store = n_train * (d * element + EXTRA_BYTES_PER_TOKEN) + n_eval * (
+        d * element * (2 + probes) + EXTRA_BYTES_PER_TOKEN
+    )
+    store *= len(the_plan.store_dirs)
+    width_sum = sum(sweep.widths) * len(sweep.architectures)
+    sae = 4 * (2 * d + 3) * width_sum  # W_enc, W_dec, biases and thresholds, float32
+    sae += 3 * 4 * (2 * d + 3) * max(sweep.widths)  # the largest one's checkpoint
+    return {"store": store, "saes": sae, "total": store + sae}
+
+
 def estimate(
     the_plan: Plan,
     sweep: SweepConfig,
@@ -78,16 +96,11 @@ def estimate(
     seconds = {k: v / speed for k, v in flops.items()}
     if not the_plan.source.converted and the_plan.source.gguf_origin:
         seconds["convert_gguf_once"] = 45.0  # measured for SmolLM2-135M on 2 CPU cores
-    element = STORE_BYTES[cfg.store_dtype]
-    store = n_train * (d * element + EXTRA_BYTES_PER_TOKEN) + n_eval * (
-        d * element * (2 + probes) + EXTRA_BYTES_PER_TOKEN
-    )
-    sae_bytes = 4 * (2 * d + 3) * width_sum  # W_enc, W_dec, biases and thresholds, float32
     return {
         "tokens": {"train": n_train, "eval": n_eval},
         "parameters": params,
         "saes": n_saes,
-        "disk_bytes": {"store": store, "saes": sae_bytes, "total": store + sae_bytes},
+        "disk_bytes": disk_bytes(the_plan, sweep),
         "matmul_flops_per_second": speed / EFFICIENCY,
         "efficiency_assumed": EFFICIENCY,
         "seconds": {**seconds, "total": sum(seconds.values())},

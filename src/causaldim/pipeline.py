@@ -7,6 +7,7 @@ corpus -> store (harvest) -> direct Sigma -> SAE sweep -> AtP scores -> counts a
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +20,8 @@ from .ablation import eval_sequences
 from .analysis import PAPER, analyze
 from .config import AnalysisConfig, HarvestConfig, SweepConfig
 from .controls import run_controls
+from .costs import disk_bytes
+from .errors import UsageError
 from .faults import fault_point
 from .fileio import sha256_file, write_sealed_json
 from .harvest import Plan, harvest, plan
@@ -59,6 +62,8 @@ def check(cfg: HarvestConfig, sweep_cfg: SweepConfig, analysis_cfg: AnalysisConf
         n = main.source.n_layers
         extra = analysis_cfg.depth_layers or default_depth_layers(n, main.layer)
         main = plan(cfg, extra_layers=tuple(extra))
+    _check_out_folder(Path(cfg.out))
+    _check_disk(main, sweep_cfg)
     scale = None
     if "scale" in selected and analysis_cfg.scale_model:
         other = resolve_model(analysis_cfg.scale_model, cfg.trust_remote_code)
@@ -69,6 +74,39 @@ def check(cfg: HarvestConfig, sweep_cfg: SweepConfig, analysis_cfg: AnalysisConf
             )
         )
     return Plans(main, scale)
+
+
+RUN_ENTRIES = {"results.json", "stores", "saes", "figures", "report.md", "report.html"}
+
+
+def _check_out_folder(out: Path) -> None:
+    """A run writes into an empty folder or its own earlier output, nothing else."""
+    if not out.is_dir():
+        return
+    entries = {p.name for p in out.iterdir() if not p.name.startswith(".")}
+    foreign = sorted(entries - RUN_ENTRIES - {"depth", "scale", "controls"})
+    if foreign:
+        raise UsageError(
+            f"--out {out} holds files that are not a causaldim run ({', '.join(foreign[:3])}"
+            f"{', ...' if len(foreign) > 3 else ''}); choose an empty or new folder"
+        )
+
+
+def _check_disk(the_plan: Plan, sweep_cfg: SweepConfig) -> None:
+    """Refuse a run whose stores and SAEs would not fit on the output's disk."""
+    missing = [i for i, d in the_plan.store_dirs.items() if not (d / "manifest.json").is_file()]
+    need = disk_bytes(the_plan, sweep_cfg)
+    planned = need["saes"] + need["store"] * len(missing) // len(the_plan.store_dirs)
+    folder = next(
+        p for p in [Path(the_plan.config.out), *Path(the_plan.config.out).parents] if p.exists()
+    )
+    free = shutil.disk_usage(folder).free
+    if planned > free:
+        raise UsageError(
+            f"--out {the_plan.config.out}: the run needs about {planned / 1e9:,.2f} GB and "
+            f"{folder} has {free / 1e9:,.2f} GB free; free space, choose another --out, or "
+            "harvest fewer --tokens"
+        )
 
 
 class Measurement(NamedTuple):

@@ -38,7 +38,7 @@ def spectrum(eigenvalues: torch.Tensor) -> Spectrum:
     p = lam / total
     nz = p[p > 0]
     erank = math.exp(float(-(nz * nz.log()).sum()))
-    pr = total**2 / float((lam * lam).sum())
+    pr = 1.0 / float((p * p).sum())  # (sum l)^2 / sum l^2, without squaring tiny l
     cum = p.cumsum(0)
     n_for = {f"{int(q * 100)}%": int((cum < q - 1e-12).sum()) + 1 for q in (0.5, 0.9, 0.99)}
     return Spectrum(erank, pr, n_for)

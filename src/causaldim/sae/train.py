@@ -129,6 +129,11 @@ def train_sae(
             since_fired[active_idx] = 0
             dead = since_fired > settings.dead_tokens
             mse_value = mse.item()
+            if not math.isfinite(mse_value + float(side.detach())):
+                raise FloatingPointError(
+                    f"non-finite SAE loss at step {step + 1} ({sae.architecture}, width "
+                    f"{sae.cfg.width}); the store's train split or --lr is the likely cause"
+                )
             l0 = n_active / len(x)
             if not is_topk:  # integral control of the coefficient toward the target L0
                 error = math.log(max(l0, 1e-3) / settings.target_l0)
