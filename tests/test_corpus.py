@@ -28,6 +28,11 @@ def test_damaged_cache_is_rebuilt(tmp_path, monkeypatch):
     (cached,) = tmp_path.glob("corpus-*.json")
     cached.write_text("{not json")
     assert builtin_corpus().sha256 == reference.sha256
+    # Altered but still valid JSON: the seal catches it, and the texts are rebuilt.
+    obj = json.loads(cached.read_text())
+    obj["texts"][0] = "an edited docstring"
+    cached.write_text(json.dumps(obj))
+    assert builtin_corpus().sha256 == reference.sha256
 
 
 def test_file_folder_and_jsonl_corpora(tmp_path):

@@ -80,3 +80,20 @@ def test_loaded_model_runs(tiny_model):
     lm = load_model(resolve_model(tiny_model("gpt2")), dtype="bfloat16")
     logits = lm.model(input_ids=torch.zeros(1, 4, dtype=torch.long)).logits
     assert logits.dtype == torch.bfloat16
+
+
+def test_a_damaged_conversion_is_removed_and_made_again(tmp_path, capsys):
+    from causaldim.fileio import atomic_write_json, sha256_file
+    from causaldim.models import CONVERTED_HASHED, CONVERTED_MARK, _conversion_intact
+
+    folder = tmp_path / "converted"
+    folder.mkdir()
+    for name in CONVERTED_HASHED:
+        (folder / name).write_bytes(b"weights and config " + name.encode())
+    hashes = {n: sha256_file(folder / n) for n in CONVERTED_HASHED}
+    atomic_write_json(folder / CONVERTED_MARK, {"origin": "x.gguf", "sha256": hashes})
+    assert _conversion_intact(folder, 1)
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[:5] + bytes([data[5] ^ 1]) + data[6:])
+    assert not _conversion_intact(folder, 2)
+    assert not folder.exists() and "converting it again" in capsys.readouterr().err

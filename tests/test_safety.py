@@ -79,3 +79,18 @@ def test_nothing_is_ever_unpickled():
                 if (base, node.func.attr) == ("np", "load"):
                     kw = {k.arg: getattr(k.value, "value", None) for k in node.keywords}
                     assert kw.get("allow_pickle") is False, path
+
+
+def test_a_run_writes_only_under_its_folder_and_the_cache(
+    tmp_path, tiny_model, text_corpus, monkeypatch
+):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("CAUSALDIM_CACHE", str(cache))
+    model = tiny_model("llama")
+    before = {p for p in Path(model).parent.rglob("*")} | {p for p in tmp_path.rglob("*")}
+    assert cli.main(args_for(model, text_corpus, tmp_path / "run")) == 0
+    after = {p for p in Path(model).parent.rglob("*")} | {p for p in tmp_path.rglob("*")}
+    new = after - before
+    assert new and all(
+        p.is_relative_to(tmp_path / "run") or p.is_relative_to(cache) for p in new
+    ), sorted(str(p) for p in new if not p.is_relative_to(tmp_path / "run"))

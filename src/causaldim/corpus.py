@@ -14,8 +14,8 @@ from typing import NamedTuple
 
 import torch
 
-from .errors import UsageError
-from .fileio import atomic_write_json, cache_dir
+from .errors import IntegrityError, UsageError
+from .fileio import cache_dir, read_sealed_json, write_sealed_json
 
 
 class Corpus(NamedTuple):
@@ -70,10 +70,10 @@ def builtin_corpus() -> Corpus:
     cached = cache_dir() / f"corpus-{key}.json"
     if cached.is_file():
         try:
-            texts = json.loads(cached.read_text(encoding="utf-8"))["texts"]
+            texts = read_sealed_json(cached, "corpus")["texts"]
             return Corpus(corpus_id, texts, _digest(texts))
-        except (ValueError, KeyError):
-            pass  # a damaged cache is rebuilt below
+        except (IntegrityError, KeyError):  # a damaged cache is rebuilt, never used
+            print(f"causaldim: note: {cached} is damaged; rebuilding it", file=sys.stderr)
     texts: list[str] = []
     for path in files:
         try:
@@ -84,7 +84,7 @@ def builtin_corpus() -> Corpus:
             continue
         texts.extend(_docstrings(tree))
     try:
-        atomic_write_json(cached, {"id": corpus_id, "texts": texts})
+        write_sealed_json(cached, {"id": corpus_id, "texts": texts})
     except OSError:
         pass  # a read-only cache only costs time
     return Corpus(corpus_id, texts, _digest(texts))

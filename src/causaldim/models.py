@@ -6,11 +6,13 @@ before any weights are read.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import NamedTuple
@@ -19,9 +21,10 @@ import torch
 from torch import nn
 
 from .errors import UsageError
-from .fileio import cache_dir
+from .fileio import atomic_write_json, cache_dir, sha256_file
 
-CONVERTED_MARK = "converted-from.txt"  # written last: a folder without it is unfinished
+CONVERTED_MARK = "converted-from.json"  # written last: a folder without it is unfinished
+CONVERTED_HASHED = ("model.safetensors", "config.json")  # checked before each use
 
 
 class EmbeddedModel(NamedTuple):
@@ -142,7 +145,8 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
 
     def read_gguf(gguf: Path, kind: str) -> ModelSource:
         converted = converted_folder(gguf)
-        if (converted / CONVERTED_MARK).is_file():
+        mark = converted / CONVERTED_MARK
+        if mark.is_file() and _conversion_intact(converted, mark.stat().st_mtime_ns):
             return read(str(converted), None, kind, str(gguf))
         return read(str(gguf.parent), gguf.name, kind, str(gguf))
 
@@ -247,6 +251,26 @@ def converted_folder(gguf: Path) -> Path:
     return cache_dir() / "models" / f"{gguf.stem}-{digest}-tf{transformers.__version__}"
 
 
+@functools.lru_cache(maxsize=8)
+def _conversion_intact(folder: Path, written_ns: int) -> bool:
+    """Whether a cached conversion's files match the hashes written with it (checked once
+    per process and mark, hence written_ns in the key). A damaged one is removed with a
+    note and converted again from its GGUF file (the source of truth)."""
+    try:
+        mark = json.loads((folder / CONVERTED_MARK).read_text())
+        if all(sha256_file(folder / n) == h for n, h in mark["sha256"].items()):
+            return True
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    print(
+        f"causaldim: note: the converted model {folder} is damaged or from an older "
+        "causaldim; converting it again",
+        file=sys.stderr,
+    )
+    shutil.rmtree(folder, ignore_errors=True)
+    return False
+
+
 def _convert(source: ModelSource, model: nn.Module, tokenizer) -> None:
     """Save a GGUF model just loaded in float32 as a plain model folder, atomically."""
     target = converted_folder(Path(source.gguf_origin))
@@ -264,7 +288,8 @@ def _convert(source: ModelSource, model: nn.Module, tokenizer) -> None:
         config.pop("quantization_config", None)
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         tokenizer.save_pretrained(tmp)
-        (tmp / CONVERTED_MARK).write_text(source.gguf_origin + "\n")
+        hashes = {name: sha256_file(tmp / name) for name in CONVERTED_HASHED}
+        atomic_write_json(tmp / CONVERTED_MARK, {"origin": source.gguf_origin, "sha256": hashes})
         if target.exists():  # an unfinished conversion from an interrupted run
             shutil.rmtree(target)
         os.replace(tmp, target)
