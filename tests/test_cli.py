@@ -320,3 +320,17 @@ def test_same_weights_under_another_path_share_the_output_folder(tmp_path, tiny_
     llama = tiny_model("llama")
     assert cli.main(["--quiet", "harvest", "--model", llama, *common]) == 0
     assert cli.main(["--quiet", "harvest", "--model", llama + "/.", *common]) == 0
+
+
+def test_output_folder_of_another_harvest_is_refused(tmp_path, tiny_model, text_corpus, capsys):
+    from test_faults import args_for
+
+    out = tmp_path / "run"
+    args = args_for(tiny_model("llama"), text_corpus, out)
+    assert cli.main(args) == 0
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    assert cli.main([*args, "--seq-len", "16"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "holds a run of another harvest" in err and "seq_len" in err
+    assert snapshot(tmp_path) == before

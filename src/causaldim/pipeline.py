@@ -7,6 +7,7 @@ corpus -> store (harvest) -> direct Sigma -> SAE sweep -> AtP scores -> counts a
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from dataclasses import replace
@@ -62,7 +63,7 @@ def check(cfg: HarvestConfig, sweep_cfg: SweepConfig, analysis_cfg: AnalysisConf
         n = main.source.n_layers
         extra = analysis_cfg.depth_layers or default_depth_layers(n, main.layer)
         main = plan(cfg, extra_layers=tuple(extra))
-    _check_out_folder(Path(cfg.out))
+    _check_out_folder(Path(cfg.out), main.key)
     _check_disk(main, sweep_cfg)
     scale = None
     if "scale" in selected and analysis_cfg.scale_model:
@@ -79,8 +80,9 @@ def check(cfg: HarvestConfig, sweep_cfg: SweepConfig, analysis_cfg: AnalysisConf
 RUN_ENTRIES = {"results.json", "stores", "saes", "figures", "report.md", "report.html"}
 
 
-def _check_out_folder(out: Path) -> None:
-    """A run writes into an empty folder or its own earlier output, nothing else."""
+def _check_out_folder(out: Path, key: dict) -> None:
+    """A run writes into an empty folder or its own earlier output (the same store key:
+    it resumes or adds to it), nothing else."""
     if not out.is_dir():
         return
     entries = {p.name for p in out.iterdir() if not p.name.startswith(".")}
@@ -89,6 +91,16 @@ def _check_out_folder(out: Path) -> None:
         raise UsageError(
             f"--out {out} holds files that are not a causaldim run ({', '.join(foreign[:3])}"
             f"{', ...' if len(foreign) > 3 else ''}); choose an empty or new folder"
+        )
+    try:
+        earlier = json.loads((out / "results.json").read_text())["inputs"]["store"]["key"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # no finished run here (a damaged results.json is rewritten by this one)
+    changed = sorted(k for k in set(key) | set(earlier) if key.get(k) != earlier.get(k))
+    if changed:
+        raise UsageError(
+            f"--out {out} holds a run of another harvest ({', '.join(changed)} differ); "
+            "choose another --out folder"
         )
 
 
