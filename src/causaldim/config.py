@@ -209,6 +209,8 @@ class AnalysisConfig:
             raise UsageError(f"--percentile must lie in (0, 100), got {self.percentile}")
 
     def check_against(self, sweep: SweepConfig) -> None:
+        if sweep.sae_paths:  # the widths are the imported SAEs', known once they are read
+            return
         if self.reference_width is not None and self.reference_width not in sweep.widths:
             raise UsageError(
                 f"--reference-width {self.reference_width} is not among --widths "
@@ -254,12 +256,31 @@ class SweepConfig:
         "Save each SAE's training state every this many steps, so that a killed sweep "
         "resumes mid-SAE (0: never).",
     )
+    sae_paths: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "SAEs trained elsewhere, used instead of training: Gemma Scope "
+            "params.npz files, SAELens or sparsify folders (their widths make the sweep)."
+        },
+    )
+    executor: str = _opt(
+        "local",
+        "Where the SAE and scoring jobs run: 'local' (this process) or 'ray' (Ray tasks, "
+        "one CPU each, or one GPU each where there are GPUs; pip install 'causaldim[ray]').",
+        choices=("local", "ray"),
+    )
+    ray_address: str | None = _opt(
+        None, "Ray cluster to join (e.g. 'auto'); default: start a local one."
+    )
     ce_sequences: int = _opt(
         8,
         "Eval sequences on which each SAE is spliced into the model (CE loss recovered); 0: skip.",
     )
 
     def check(self) -> None:
+        missing = [p for p in self.sae_paths if not Path(p).exists()]
+        if missing:
+            raise UsageError(f"--sae-paths: {missing[0]} does not exist")
         if not self.widths or any(w <= 0 for w in self.widths):
             raise UsageError("--widths must be positive integers")
         if sorted(set(self.widths)) != list(self.widths):
@@ -273,6 +294,8 @@ class SweepConfig:
             raise UsageError("--ce-sequences must be >= 0")
         if self.checkpoint_steps < 0:
             raise UsageError("--checkpoint-steps must be >= 0")
+        if self.executor not in ("local", "ray"):
+            raise UsageError(f"--executor must be local or ray, got {self.executor!r}")
         for name in ("epochs", "batch_tokens", "dead_tokens"):
             if getattr(self, name) <= 0:
                 raise UsageError(f"--{_flag(name)} must be positive")

@@ -23,14 +23,16 @@ from .config import AnalysisConfig, HarvestConfig, SweepConfig
 from .controls import run_controls
 from .costs import disk_bytes
 from .errors import UsageError
+from .executors import executor_for
 from .faults import fault_point
 from .fileio import sha256_file, write_sealed_json
 from .harvest import Plan, harvest, plan
 from .models import resolve_model
 from .report import SCHEMA, render
 from .sae import SAE
-from .sae.sweep import SweepEntry, load_entries, run_sweep, splice_evaluation
-from .score import Scores, atp_scores, require_gradients
+from .sae.formats import peek_d_in
+from .sae.sweep import SweepEntry, import_saes, load_entries, run_sweep, splice_evaluation
+from .score import ScoreJob, Scores, require_gradients, score_job
 from .sigma import measure
 from .store import Store
 from .structure import default_depth_layers, depth_summary, matched_layer, scale_comparison
@@ -58,7 +60,18 @@ def check(cfg: HarvestConfig, sweep_cfg: SweepConfig, analysis_cfg: AnalysisConf
     analysis_cfg.check()
     analysis_cfg.check_against(sweep_cfg)
     selected = analysis_cfg.selected_controls()
+    if sweep_cfg.sae_paths and {"depth", "scale", "synthetic"} & set(selected):
+        raise UsageError(
+            "--sae-paths holds one layer's SAEs, and the depth, scale and synthetic controls "
+            "train their own; drop those controls or --sae-paths"
+        )
     main = plan(cfg)
+    for path in sweep_cfg.sae_paths:
+        if (d := peek_d_in(Path(path))) != main.source.d_model:
+            raise UsageError(
+                f"--sae-paths {path}: the SAE reads d = {d}, layer {main.layer} of "
+                f"{cfg.model} has d = {main.source.d_model}; pass SAEs of this model"
+            )
     if "depth" in selected:
         n = main.source.n_layers
         extra = analysis_cfg.depth_layers or default_depth_layers(n, main.layer)
@@ -154,8 +167,14 @@ def measure_layer(
         seconds[name] = time.perf_counter() - t
         return value
 
+    executor = executor_for(sweep_cfg.executor, sweep_cfg.ray_address)
     sigma = timed("sigma", lambda: measure(store, analysis_cfg, seed=seed))
-    entries = timed("sweep", lambda: run_sweep(store, out, sweep_cfg, seed, progress, repair))
+    if sweep_cfg.sae_paths:
+        entries = timed("sweep", lambda: import_saes(store, out, sweep_cfg.sae_paths))
+    else:
+        entries = timed(
+            "sweep", lambda: run_sweep(store, out, sweep_cfg, seed, progress, repair, executor)
+        )
     named = load_entries(entries)
     ce = None
     if sweep_cfg.ce_sequences and load_lm is not None:
@@ -167,13 +186,13 @@ def measure_layer(
         ce = timed("ce_loss_recovered", splice)
     saes, scores, evals = {}, {}, {}
     t = time.perf_counter()
-    for e, (name, sae) in tqdm(
-        zip(entries, named.items(), strict=True), desc="AtP scores", disable=not progress
-    ):
-        fault_point("scores.sae")
-        scores.setdefault(e.architecture, {})[e.width] = atp_scores(
-            sae, store, analysis_cfg.blocks, analysis_cfg.read_tokens
-        )
+    jobs = [
+        ScoreJob(str(store.root), str(e.folder), analysis_cfg.blocks, analysis_cfg.read_tokens)
+        for e in entries
+    ]
+    scored = executor.map(score_job, jobs, "AtP scores", progress)
+    for e, (name, sae), s in zip(entries, named.items(), scored, strict=True):
+        scores.setdefault(e.architecture, {})[e.width] = s
         saes.setdefault(e.architecture, {})[e.width] = sae
         ev = dict(e.meta["eval"])
         if ce is not None:
@@ -184,7 +203,7 @@ def measure_layer(
         "analysis",
         lambda: {
             arch: analyze(scores[arch], evals[arch], store.d_model, analysis_cfg, seed)
-            for arch in sweep_cfg.architectures
+            for arch in scores
         },
     )
     return Measurement(sigma, entries, saes, scores, evals, analysis, ce)
@@ -223,7 +242,7 @@ def run(
     here = measure_layer(
         store, out, sweep_cfg, analysis_cfg, cfg.seed, progress, seconds, load_lm, cfg.repair
     )
-    headline = sweep_cfg.architectures[0]
+    headline = here.entries[0].architecture if sweep_cfg.sae_paths else sweep_cfg.architectures[0]
     controls, selected = {}, analysis_cfg.selected_controls()
     if selected:
         t = time.perf_counter()

@@ -87,3 +87,20 @@ def atp_scores(sae: SAE, store: Store, blocks: int = 32, batch_tokens: int = 409
             tokens[b] += int(rows.sum())
             active_total[b] += int(active[rows].sum())
     return Scores(atp, fired, tokens, active_total)
+
+
+class ScoreJob(NamedTuple):
+    """Scoring one saved SAE, as plain data for an executor."""
+
+    store: str
+    sae_folder: str
+    blocks: int
+    batch_tokens: int
+
+
+def score_job(job: ScoreJob) -> Scores:
+    from .faults import fault_point
+    from .sae.formats import load
+
+    fault_point("scores.sae")
+    return atp_scores(load(job.sae_folder), Store(job.store), job.blocks, job.batch_tokens)

@@ -206,3 +206,31 @@ def load_any(path: Path) -> SAE:
         f"{path} is no SAE this tool reads: expected a causaldim, SAELens or sparsify "
         "folder, or a Gemma Scope params.npz"
     )
+
+
+def peek_d_in(path: Path) -> int:
+    """The residual width an SAE file reads, from headers only (no weights loaded): for
+    checking --sae-paths against the model before any work."""
+    import zipfile
+
+    from safetensors import safe_open
+
+    path = Path(path)
+    if path.suffix == ".npz":
+        with zipfile.ZipFile(path) as z, z.open("W_dec.npy") as f:
+            major, _ = np.lib.format.read_magic(f)
+            read = (
+                np.lib.format.read_array_header_1_0
+                if major == 1
+                else np.lib.format.read_array_header_2_0
+            )
+            shape = read(f)[0]
+        return int(shape[1])
+    for name, key in ((WEIGHTS, "W_dec"), ("sae_weights.safetensors", "W_dec")):
+        if (path / name).is_file():
+            with safe_open(path / name, framework="pt") as f:
+                return int(f.get_slice(key).get_shape()[1])
+    raise UsageError(
+        f"{path} is no SAE this tool reads: expected a causaldim, SAELens or sparsify "
+        "folder, or a Gemma Scope params.npz"
+    )

@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
-from tqdm.auto import tqdm
 
 from ..config import SweepConfig
-from ..errors import IntegrityError
+from ..errors import IntegrityError, UsageError
+from ..executors import Executor, LocalExecutor
 from ..store import Store
 from . import SAE, SAEConfig, build
 from .checkpoint import Checkpoint
-from .formats import CONFIG, load, read_meta, save, verify
+from .formats import CONFIG, load, load_any, read_meta, save, verify
 from .train import Normalizer, TrainSettings, train_sae
 
 
@@ -91,6 +91,47 @@ def _settings(cfg: SweepConfig, seed: int) -> TrainSettings:
     )
 
 
+class TrainJob(NamedTuple):
+    """One SAE of the sweep, as plain data: any worker that can read the store trains it."""
+
+    store: str  # the store's folder
+    folder: str  # where the SAE goes
+    request: dict  # what the finished SAE's cfg.json records (and reuse compares)
+    settings: dict  # TrainSettings
+    steps: int
+    checkpoint_steps: int
+    repair: bool
+
+
+def train_job(job: TrainJob) -> None:
+    """Train, evaluate and save one SAE (resuming from its checkpoint if one is there)."""
+    store, folder, request = Store(job.store), Path(job.folder), job.request
+    normalizer = fit_normalizer(store)
+    # Train tokens on which JumpReLU and ReLU get their final exact L0 match.
+    held_out = next(store.batches("train", ("h",), 16_384))["h"]
+    arch, width, k = request["architecture"], request["width"], request["k"]
+    sae = build(SAEConfig(arch, store.d_model, width, k=k if arch == "topk" else None))
+    checkpoint = Checkpoint(
+        folder.parent / f".partial-{folder.name}", request, job.checkpoint_steps, job.repair
+    )
+
+    def batches():
+        for b in store.batches("train", ("h",), request["batch_tokens"]):
+            yield b["h"]
+
+    t = time.perf_counter()
+    settings = TrainSettings(**job.settings)
+    stats = train_sae(sae, batches, settings, job.steps, normalizer, held_out, checkpoint)
+    meta = {
+        "request": request,
+        "train_stats": {**stats._asdict(), "seconds": time.perf_counter() - t},
+        "normalizer": {"scale": normalizer.scale},
+        "eval": evaluate(sae.requires_grad_(False), store),
+    }
+    save(sae, folder, meta)
+    checkpoint.clear()
+
+
 def run_sweep(
     store: Store,
     out: Path,
@@ -98,56 +139,77 @@ def run_sweep(
     seed: int = 0,
     progress: bool = True,
     repair: bool = False,
+    executor: Executor | None = None,
 ) -> list[SweepEntry]:
-    """Train (or reuse) every (architecture, width) SAE of the sweep; returns entries. An
-    SAE killed mid-training resumes from its last checkpoint; a finished one whose weights
+    """Train (or reuse) every (architecture, width) SAE of the sweep, the missing ones as
+    independent jobs of the executor (default: in this process); returns entries. An SAE
+    killed mid-training resumes from its last checkpoint; a finished one whose weights
     fail their hash raises IntegrityError, or is trained again with repair."""
     out = Path(out)
     fingerprint = store_fingerprint(store)
     settings = _settings(cfg, seed)
-    normalizer, held_out = None, None
     n_train = store.n_tokens("train", drop_outliers=True)
     steps = cfg.epochs * math.ceil(n_train / cfg.batch_tokens)
-    entries = []
-    jobs = [(a, w) for a in cfg.architectures for w in cfg.widths]
-    for arch, width in tqdm(jobs, desc="SAE sweep", disable=not progress):
-        folder = out / "saes" / f"{arch}-w{width}"
-        request = {
-            "store": fingerprint,
-            "train": settings.to_dict(),
-            "batch_tokens": cfg.batch_tokens,
-            "architecture": arch,
-            "width": width,
-            "k": cfg.k,
-        }
-        if (meta := _finished(folder, request, repair)) is not None:
-            entries.append(SweepEntry(arch, width, folder, True, meta))
-            continue
-        checkpoint = Checkpoint(
-            out / "saes" / f".partial-{arch}-w{width}", request, cfg.checkpoint_steps, repair
-        )
-        if normalizer is None:
-            normalizer = fit_normalizer(store)
-            # Train tokens on which JumpReLU and ReLU get their final exact L0 match.
-            held_out = next(store.batches("train", ("h",), 16_384))["h"]
-        sae = build(SAEConfig(arch, store.d_model, width, k=cfg.k if arch == "topk" else None))
+    folders, jobs = {}, []
+    for arch in cfg.architectures:
+        for width in cfg.widths:
+            folder = out / "saes" / f"{arch}-w{width}"
+            folders[arch, width] = folder
+            request = {
+                "store": fingerprint,
+                "train": settings.to_dict(),
+                "batch_tokens": cfg.batch_tokens,
+                "architecture": arch,
+                "width": width,
+                "k": cfg.k,
+            }
+            if _finished(folder, request, repair) is None:
+                job = TrainJob(
+                    str(store.root),
+                    str(folder),
+                    request,
+                    settings.to_dict(),
+                    steps,
+                    cfg.checkpoint_steps,
+                    repair,
+                )
+                jobs.append(job)
+    (executor or LocalExecutor()).map(train_job, jobs, "SAE sweep", progress)
+    trained = {job.folder for job in jobs}
+    return [
+        SweepEntry(arch, width, folder, str(folder) not in trained, read_meta(folder))
+        for (arch, width), folder in folders.items()
+    ]
 
-        def batches():
-            for b in store.batches("train", ("h",), cfg.batch_tokens):
-                yield b["h"]
 
-        t = time.perf_counter()
-        stats = train_sae(sae, batches, settings, steps, normalizer, held_out, checkpoint)
-        seconds = time.perf_counter() - t
-        meta = {
-            "request": request,
-            "train_stats": {**stats._asdict(), "seconds": seconds},
-            "normalizer": {"scale": normalizer.scale},
-            "eval": evaluate(sae.requires_grad_(False), store),
-        }
-        save(sae, folder, meta)
-        checkpoint.clear()
-        entries.append(SweepEntry(arch, width, folder, False, read_meta(folder)))
+def import_saes(store: Store, out: Path, paths: list[str]) -> list[SweepEntry]:
+    """SAEs trained elsewhere (Gemma Scope params.npz, SAELens or sparsify folders, our own)
+    in place of training: each is evaluated on the store and saved under out/saes like a
+    trained one, so that everything downstream treats them alike. Entries are ordered by
+    architecture, then width."""
+    fingerprint, entries = store_fingerprint(store), []
+    for path in paths:
+        source = Path(path)
+        request = {"store": fingerprint, "imported": str(source.resolve())}
+        sae = load_any(source)
+        if sae.cfg.d_in != store.d_model:
+            raise UsageError(
+                f"--sae-paths {path}: the SAE reads d = {sae.cfg.d_in}, the store's layer "
+                f"has d = {store.d_model}; pass SAEs of this model and layer"
+            )
+        folder = Path(out) / "saes" / f"{sae.architecture}-w{sae.cfg.width}"
+        meta = _finished(folder, request, repair=True)
+        if meta is None:
+            meta = {
+                "request": request,
+                "train_stats": {"seconds": 0.0, "steps": None, "imported_from": str(source)},
+                "eval": evaluate(sae.requires_grad_(False), store),
+            }
+            save(sae, folder, meta)
+        entries.append(SweepEntry(sae.architecture, sae.cfg.width, folder, True, meta))
+    entries.sort(key=lambda e: (e.architecture, e.width))
+    if len({(e.architecture, e.width) for e in entries}) < len(entries):
+        raise UsageError("--sae-paths: two SAEs of one architecture and width; pass one each")
     return entries
 
 
