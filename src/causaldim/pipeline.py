@@ -65,6 +65,7 @@ def check(cfg: HarvestConfig, sweep_cfg: SweepConfig, analysis_cfg: AnalysisConf
             "--sae-paths holds one layer's SAEs, and the depth, scale and synthetic controls "
             "train their own; drop those controls or --sae-paths"
         )
+    executor_for(sweep_cfg.executor, sweep_cfg.ray_address)  # Ray installed, if asked for
     main = plan(cfg)
     for path in sweep_cfg.sae_paths:
         if (d := peek_d_in(Path(path))) != main.source.d_model:
@@ -157,8 +158,9 @@ def measure_layer(
     load_lm=None,
     repair: bool = False,
 ) -> Measurement:
-    """Direct Sigma, the SAE sweep (SAEs under out/saes), AtP scores and the analysis of
-    one store; with load_lm, each SAE is also spliced into the model (CE recovered)."""
+    """Direct Sigma, the SAE sweep (SAEs under out/saes, trained or imported), AtP scores
+    and the analysis of one store, the training and scoring jobs on the sweep's executor;
+    with load_lm, each SAE is also spliced into the model (CE recovered)."""
 
     def timed(name: str, work):
         fault_point(f"stage.{name}")
