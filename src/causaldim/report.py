@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import html
+import io
 import math
 from pathlib import Path
 
@@ -49,9 +50,11 @@ def _pyplot():
 
 
 def _save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130)
+    """The figure as a PNG, written atomically like every other artifact."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=130)
     _pyplot().close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
     return path
 
 

@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from safetensors.torch import save as save_bytes
 
 from ..errors import IntegrityError, UsageError
-from ..fileio import read_sealed_json, sha256_file, write_sealed_json
+from ..fileio import atomic_write_bytes, read_sealed_json, sha256_file, write_sealed_json
 from . import SAE, SAEConfig, build
 
 FORMAT = "causaldim-sae/1"
@@ -74,7 +74,7 @@ def save(sae: SAE, folder: Path, extra: dict | None = None) -> Path:
     return _write_folder(
         folder,
         {
-            WEIGHTS: lambda p: p.write_bytes(data),
+            WEIGHTS: lambda p: atomic_write_bytes(p, data),
             CONFIG: lambda p: write_sealed_json(p, meta),
         },
     )
