@@ -182,3 +182,29 @@ def harvest_config(tmp_path, tiny_model, text_corpus):
         return HarvestConfig(**{**base, **overrides})
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_store(tmp_path_factory, tiny_model, text_corpus):
+    """Factory: the tiny Llama loaded, and a small store of it without probes (for
+    ablations), one per token count."""
+    from causaldim.config import HarvestConfig
+    from causaldim.harvest import harvest
+    from causaldim.models import load_model, resolve_model
+
+    def make(tokens: int):
+        cfg = HarvestConfig(
+            model=tiny_model("llama"),
+            corpus=str(text_corpus),
+            tokens=tokens,
+            seq_len=32,
+            batch_size=4,
+            eval_fraction=0.25,
+            logit_probes=0,
+            fisher_probes=0,
+            out=str(tmp_path_factory.mktemp(f"lm-store-{tokens}")),
+        )
+        store = harvest(cfg, progress=False).store
+        return load_model(resolve_model(cfg.model)), store
+
+    return make

@@ -6,8 +6,6 @@ import pytest
 import torch
 
 from causaldim.ablation import atp_vs_ablation, eval_sequences, first_order, sample_features
-from causaldim.harvest import harvest
-from causaldim.models import load_model, resolve_model
 from causaldim.sae import SAEConfig, build
 from causaldim.score import atp_scores
 
@@ -36,22 +34,8 @@ def patched_loss_by_hand(lm, layer, ids, sae, feature, threshold) -> float:
 
 
 @pytest.fixture(scope="module")
-def tiny_sweep(tmp_path_factory, tiny_model, text_corpus):
-    from causaldim.config import HarvestConfig
-
-    cfg = HarvestConfig(
-        model=tiny_model("llama"),
-        corpus=str(text_corpus),
-        tokens=1024,
-        seq_len=32,
-        batch_size=4,
-        eval_fraction=0.25,
-        logit_probes=0,
-        fisher_probes=0,
-        out=str(tmp_path_factory.mktemp("ablation")),
-    )
-    store = harvest(cfg, progress=False).store
-    lm = load_model(resolve_model(cfg.model))
+def tiny_sweep(tiny_lm_store):
+    lm, store = tiny_lm_store(1024)
     saes = {}
     for width in (24, 48):
         sae = build(SAEConfig("topk", 32, width, k=4))

@@ -7,8 +7,6 @@ import pytest
 import torch
 
 from causaldim.errors import UsageError
-from causaldim.harvest import harvest
-from causaldim.models import load_model, resolve_model
 from causaldim.sae import SAEConfig, build
 from causaldim.score import Scores
 from causaldim.task import NOUNS, agreement_prompts, length_groups, task_recovery, verb_pairs
@@ -17,22 +15,8 @@ SINGULAR, PLURAL = ({n[j] for n in NOUNS} for j in (0, 1))
 
 
 @pytest.fixture(scope="module")
-def tiny_task(tmp_path_factory, tiny_model, text_corpus):
-    from causaldim.config import HarvestConfig
-
-    cfg = HarvestConfig(
-        model=tiny_model("llama"),
-        corpus=str(text_corpus),
-        tokens=512,
-        seq_len=32,
-        batch_size=4,
-        eval_fraction=0.25,
-        logit_probes=0,
-        fisher_probes=0,
-        out=str(tmp_path_factory.mktemp("task")),
-    )
-    store = harvest(cfg, progress=False).store
-    return load_model(resolve_model(cfg.model)), store
+def tiny_task(tiny_lm_store):
+    return tiny_lm_store(512)
 
 
 def flat_scores(atp: torch.Tensor) -> Scores:
