@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from scipy.stats import spearmanr
 
+from .devices import placed
 from .models import LoadedModel
 from .sae import SAE
 from .score import Scores
@@ -62,11 +63,12 @@ def sequence_losses(
 ) -> torch.Tensor:
     """[batch] summed next-token loss over every prediction (the loss the store's g is the
     gradient of), with block `layer`'s output replaced by edit(h) where editable."""
+    ids = ids.to(lm.device)
     with edited_block(lm, layer, edit, threshold) if edit is not None else nullcontext():
         logits = lm.model(input_ids=ids, use_cache=False).logits
     # float64: a feature's effect is a small difference of two sums of ~seq_len losses
     losses = F.cross_entropy(logits[:, :-1].transpose(1, 2).double(), ids[:, 1:], reduction="none")
-    return losses.sum(1)
+    return losses.sum(1).cpu()
 
 
 def eval_sequences(store: Store, n: int) -> torch.Tensor:
@@ -88,18 +90,21 @@ def zero_feature(sae: SAE, feature: int) -> Callable[[torch.Tensor], torch.Tenso
 @torch.no_grad()
 def first_order(sae: SAE, store: Store, n_sequences: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per eval sequence (the first n_sequences) and feature: sum_t f_i(t) (g_t . d_i) over
-    its non-outlier tokens, and whether the feature fires there at all. [seqs, width]."""
-    linear = torch.zeros(n_sequences, sae.cfg.width, dtype=torch.float64)
-    fires = torch.zeros(n_sequences, sae.cfg.width, dtype=torch.int32)
+    its non-outlier tokens, and whether the feature fires there at all. [seqs, width],
+    computed on the SAE's device, returned on the CPU."""
+    device = sae.b_dec.device
+    linear = torch.zeros(n_sequences, sae.cfg.width, dtype=torch.float64, device=device)
+    fires = torch.zeros(n_sequences, sae.cfg.width, dtype=torch.int32, device=device)
     for batch in store.batches("eval", ("h", "g", "seq"), 4096):
         keep = batch["seq"] < n_sequences
         if not keep.any():
             continue
-        h, g, seq = batch["h"][keep], batch["g"][keep], batch["seq"][keep].long()
+        h, g = batch["h"][keep].to(device), batch["g"][keep].to(device)
+        seq = batch["seq"][keep].long().to(device)
         f = sae.encode(h)
         linear.index_add_(0, seq, (f * (g @ sae.W_dec.T)).double())
         fires.index_add_(0, seq, (f > 0).int())
-    return linear, fires > 0
+    return linear.cpu(), fires.cpu() > 0
 
 
 def sample_features(atp: torch.Tensor, fired: torch.Tensor, n: int, gen: torch.Generator):
@@ -142,38 +147,39 @@ def atp_vs_ablation(
     reference = min(saes)
     rows, epsilon_seq = [], None
     for width, sae in sorted(saes.items()):
-        linear, fires = first_order(sae, store, len(ids))
-        linear_effect = linear.abs().sum(0) / n_tokens  # [width]
-        if width == reference:
-            epsilon_seq = calibrate(linear_effect, percentile)
-        feats = sample_features(scores[width].atp, scores[width].fired, n_features, gen)
-        real = []
-        for i in feats.tolist():
-            seqs = fires[:, i].nonzero()[:, 0]
-            edit = zero_feature(sae, i)
-            total = 0.0
-            for b in seqs.split(batch_size) if len(seqs) else ():
-                ablated = sequence_losses(lm, layer, ids[b], edit, threshold)
-                total += float((ablated - clean[b]).abs().sum())
-            real.append(total / n_tokens)
-        real_t = torch.tensor(real, dtype=torch.float64)
-        atp = scores[width].atp[feats]
-        truly = real_t > epsilon_seq
-        by_atp = atp > epsilon
-        rows.append(
-            {
-                "width": width,
-                "features": feats.tolist(),
-                "atp": atp.tolist(),
-                "first_order": linear_effect[feats].tolist(),
-                "real": real,
-                "spearman_real_atp": _spearman(real_t, atp),
-                "spearman_real_first_order": _spearman(real_t, linear_effect[feats]),
-                "n_truly_causal": int(truly.sum()),
-                "n_missed_by_atp": int((truly & ~by_atp).sum()),
-                "n_false_alarms": int((~truly & by_atp).sum()),
-            }
-        )
+        with placed(sae, lm.device):  # one SAE at a time on the model's device
+            linear, fires = first_order(sae, store, len(ids))
+            linear_effect = linear.abs().sum(0) / n_tokens  # [width]
+            if width == reference:
+                epsilon_seq = calibrate(linear_effect, percentile)
+            feats = sample_features(scores[width].atp, scores[width].fired, n_features, gen)
+            real = []
+            for i in feats.tolist():
+                seqs = fires[:, i].nonzero()[:, 0]
+                edit = zero_feature(sae, i)
+                total = 0.0
+                for b in seqs.split(batch_size) if len(seqs) else ():
+                    ablated = sequence_losses(lm, layer, ids[b], edit, threshold)
+                    total += float((ablated - clean[b]).abs().sum())
+                real.append(total / n_tokens)
+            real_t = torch.tensor(real, dtype=torch.float64)
+            atp = scores[width].atp[feats]
+            truly = real_t > epsilon_seq
+            by_atp = atp > epsilon
+            rows.append(
+                {
+                    "width": width,
+                    "features": feats.tolist(),
+                    "atp": atp.tolist(),
+                    "first_order": linear_effect[feats].tolist(),
+                    "real": real,
+                    "spearman_real_atp": _spearman(real_t, atp),
+                    "spearman_real_first_order": _spearman(real_t, linear_effect[feats]),
+                    "n_truly_causal": int(truly.sum()),
+                    "n_missed_by_atp": int((truly & ~by_atp).sum()),
+                    "n_false_alarms": int((~truly & by_atp).sum()),
+                }
+            )
     missed = sum(r["n_missed_by_atp"] for r in rows)
     truly_total = sum(r["n_truly_causal"] for r in rows)
     return {

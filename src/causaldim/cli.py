@@ -168,7 +168,8 @@ def _cmd_run(args) -> int:
     cfg, sweep_cfg = _config(args, HarvestConfig), _config(args, SweepConfig)
     analysis_cfg = _config(args, AnalysisConfig)
     if args.dry_run:
-        _print_plan(check(cfg, sweep_cfg, analysis_cfg).main, sweep_cfg, analysis_cfg)
+        plans = check(cfg, analysis_cfg.sweep_for(sweep_cfg), analysis_cfg)
+        _print_plan(plans.main, plans.sweep, analysis_cfg)
         return 0
     result = run(cfg, sweep_cfg, analysis_cfg, progress=not args.quiet, preset=args.preset)
     results = result.results
@@ -214,6 +215,16 @@ def _print_plan(the_plan, sweep_cfg, analysis_cfg) -> None:
         f"{analysis_cfg.reference_width or sweep_cfg.widths[0]}; {analysis_cfg.bootstrap} "
         "bootstrap resamples"
     )
+    mem, gib = est["memory"], 2**30
+    print(f"device: {mem['device']}; model {cfg.dtype}, SAE encoder product {sweep_cfg.sae_dtype}")
+    print(
+        f"memory, estimated: model pass {mem['model_weights_bytes'] / gib:,.2f} GiB of weights + "
+        f"{mem['model_bytes_per_sequence'] / gib:,.2f} GiB per sequence x batch "
+        f"{mem['model_batch_size']} = {mem['model_pass_bytes'] / gib:,.2f} GiB (usable: "
+        f"{mem['usable_bytes'] / gib:,.1f} GiB); training the widest SAE "
+        f"{mem['widest_sae_training_bytes'] / gib:,.2f} GiB; scoring it "
+        f"{mem['widest_sae_score_tokens']:,} tokens at a time"
+    )
     disk = est["disk_bytes"]
     print(
         f"disk: store {disk['store'] / 1e6:,.0f} MB, SAEs {disk['saes'] / 1e6:,.0f} MB, "
@@ -230,21 +241,36 @@ def _print_plan(the_plan, sweep_cfg, analysis_cfg) -> None:
 
 
 def _cmd_train(args) -> int:
+    import torch
+
+    from .devices import resolve_dtype
+    from .executors import LocalExecutor
     from .harvest import harvest, plan
     from .sae.sweep import run_sweep
 
     cfg, sweep_cfg = _config(args, HarvestConfig), _config(args, SweepConfig)
     sweep_cfg.check()
     the_plan = plan(cfg)
+    cfg = the_plan.config  # device, dtype and batch size resolved
+    device = torch.device(cfg.device)
+    sweep_cfg = dataclasses.replace(sweep_cfg, sae_dtype=resolve_dtype(sweep_cfg.sae_dtype, device))
     store = harvest(cfg, progress=not args.quiet, the_plan=the_plan).store
-    entries = run_sweep(store, Path(cfg.out), sweep_cfg, cfg.seed, not args.quiet, cfg.repair)
+    entries = run_sweep(
+        store,
+        Path(cfg.out),
+        sweep_cfg,
+        cfg.seed,
+        not args.quiet,
+        cfg.repair,
+        LocalExecutor(cfg.device),
+    )
     ce = {}
     if sweep_cfg.ce_sequences:
         from .fileio import atomic_write_json
         from .models import load_model
         from .sae.sweep import load_entries, splice_evaluation
 
-        lm = load_model(the_plan.source, cfg.dtype, the_plan.layers_path)
+        lm = load_model(the_plan.source, cfg.dtype, the_plan.layers_path, cfg.device)
         spliced = splice_evaluation(
             lm, store, the_plan.splits.eval[: sweep_cfg.ce_sequences], load_entries(entries)
         )

@@ -10,6 +10,7 @@ from pathlib import Path
 from .errors import UsageError
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
+DTYPE_CHOICES = ("auto", *COMPUTE_DTYPES)
 STORE_DTYPES = ("float32", "bfloat16", "float16")
 ARCHITECTURES = ("topk", "jumprelu", "relu")
 CONTROLS = (
@@ -62,7 +63,11 @@ class HarvestConfig:
         "the rest train SAEs.",
     )
     seq_len: int = _opt(128, "Tokens per sequence.")
-    batch_size: int = _opt(8, "Sequences per model batch.")
+    batch_size: int | None = _opt(
+        None,
+        "Sequences per model batch; default: on a GPU as many as fit in its free memory, "
+        "on the CPU 8 (--dry-run prints the choice and the memory estimate).",
+    )
     logit_probes: int = _opt(
         1,
         "Gaussian probes per eval position for Sigma_logits (each costs one backward from "
@@ -71,7 +76,17 @@ class HarvestConfig:
     fisher_probes: int = _opt(
         1, "Probes per eval position for Sigma_fisher, y drawn from the model (0: none)."
     )
-    dtype: str = _opt("float32", "Model compute dtype.", choices=COMPUTE_DTYPES)
+    device: str = _opt(
+        "auto",
+        "Where the model pass, SAE training, scoring and splicing run: 'auto' (the first "
+        "CUDA GPU if there is one, else the CPU), 'cpu', 'cuda' or 'cuda:N'.",
+    )
+    dtype: str = _opt(
+        "auto",
+        "Model compute dtype; 'auto': bfloat16 on GPUs fast at it (compute capability 8.0 "
+        "on), float32 elsewhere.",
+        choices=DTYPE_CHOICES,
+    )
     store_dtype: str = _opt(
         "float32",
         "Dtype of h and g on disk (float16 stores a recorded per-shard scale).",
@@ -98,7 +113,7 @@ class HarvestConfig:
         """Checks that need no model, corpus or disk access beyond stat calls."""
         positive = ("tokens", "seq_len", "batch_size", "shard_tokens")
         for name in positive:
-            if getattr(self, name) <= 0:
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise UsageError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
         if self.seq_len < 2:
             raise UsageError("--seq-len must be at least 2 (a next token is needed for the loss)")
@@ -242,10 +257,10 @@ class SweepConfig:
     )
     k: int = _opt(32, "TopK's k, and the target L0 of JumpReLU and ReLU (matched L0).")
     sae_dtype: str = _opt(
-        "float32",
+        "auto",
         "Dtype of the dense encoder product in training (weights and optimiser stay "
-        "float32); bfloat16 is several times faster where the CPU or GPU supports it.",
-        choices=COMPUTE_DTYPES,
+        "float32); 'auto': bfloat16 on GPUs fast at it, float32 elsewhere.",
+        choices=DTYPE_CHOICES,
     )
     epochs: int = _opt(3, "Passes over the train split per SAE.")
     lr: float = _opt(1e-3, "Adam learning rate (falls linearly to 0 over the last 20%).")
@@ -301,8 +316,8 @@ class SweepConfig:
                 raise UsageError(f"--{_flag(name)} must be positive")
         if self.lr <= 0:
             raise UsageError("--lr must be positive")
-        if self.sae_dtype not in COMPUTE_DTYPES:
-            raise UsageError(f"--sae-dtype must be one of {', '.join(COMPUTE_DTYPES)}")
+        if self.sae_dtype not in DTYPE_CHOICES:
+            raise UsageError(f"--sae-dtype must be one of {', '.join(DTYPE_CHOICES)}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

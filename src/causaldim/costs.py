@@ -14,7 +14,9 @@ import time
 import torch
 
 from .config import AnalysisConfig, SweepConfig
+from .devices import describe
 from .harvest import Plan
+from .memory import dense_batch_tokens, sae_training_bytes
 from .models import decoder_layers, skeleton
 
 EFFICIENCY = 0.6
@@ -22,15 +24,21 @@ STORE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 EXTRA_BYTES_PER_TOKEN = 4 + 4 + 4 + 1  # token, pos, seq, outlier
 
 
-def matmul_flops_per_second(dtype: str = "float32", size: int = 2048, reps: int = 5) -> float:
-    """The speed of a large square matmul on the default torch device: the machine's peak."""
-    dt = getattr(torch, dtype)
-    a, b = torch.randn(size, size, dtype=dt), torch.randn(size, size, dtype=dt)
+def matmul_flops_per_second(
+    dtype: str = "float32", device: str = "cpu", size: int = 2048, reps: int = 5
+) -> float:
+    """The speed of a large square matmul on device: the machine's peak."""
+    dt, device = getattr(torch, dtype), torch.device(device)
+    a = torch.randn(size, size, dtype=dt, device=device)
+    b = torch.randn(size, size, dtype=dt, device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     a @ b  # warm-up
+    sync()
     best = float("inf")
     for _ in range(reps):
         t = time.perf_counter()
         a @ b
+        sync()
         best = min(best, time.perf_counter() - t)
     return 2 * size**3 / best
 
@@ -92,7 +100,7 @@ def estimate(
         "ce_loss_recovered": 2 * (up + above) * sweep.ce_sequences * seq * (2 + n_saes),
         "scores": 4 * d * width_sum * n_eval,
     }
-    speed = (flops_per_second or matmul_flops_per_second(cfg.dtype)) * EFFICIENCY
+    speed = (flops_per_second or matmul_flops_per_second(cfg.dtype, cfg.device)) * EFFICIENCY
     seconds = {k: v / speed for k, v in flops.items()}
     if not the_plan.source.converted and the_plan.source.gguf_origin:
         seconds["convert_gguf_once"] = 45.0  # measured for SmolLM2-135M on 2 CPU cores
@@ -101,7 +109,26 @@ def estimate(
         "parameters": params,
         "saes": n_saes,
         "disk_bytes": disk_bytes(the_plan, sweep),
+        "memory": memory_plan(the_plan, sweep, analysis),
         "matmul_flops_per_second": speed / EFFICIENCY,
         "efficiency_assumed": EFFICIENCY,
         "seconds": {**seconds, "total": sum(seconds.values())},
+    }
+
+
+def memory_plan(the_plan: Plan, sweep: SweepConfig, analysis: AnalysisConfig) -> dict:
+    """The device, its memory, and each stage's estimated peak and batch size."""
+    cfg, need = the_plan.config, the_plan.pass_memory
+    device, d, widest = torch.device(cfg.device), the_plan.source.d_model, max(sweep.widths)
+    return {
+        "device": describe(device),
+        "usable_bytes": need.budget,
+        "model_weights_bytes": need.weights,
+        "model_bytes_per_sequence": need.per_sequence,
+        "model_batch_size": cfg.batch_size,
+        "model_pass_bytes": need.weights + cfg.batch_size * need.per_sequence,
+        "widest_sae_training_bytes": sae_training_bytes(
+            d, widest, sweep.batch_tokens, sweep.sae_dtype
+        ),
+        "widest_sae_score_tokens": dense_batch_tokens(d, widest, analysis.read_tokens, device),
     }

@@ -19,27 +19,35 @@ R = TypeVar("R")
 
 
 class Executor(Protocol):
-    def map(self, fn: Callable[[J], R], jobs: Sequence[J], desc: str, progress: bool) -> list[R]:
-        """fn over jobs, results in the order of jobs."""
+    device: str  # where each job puts its tensors: a torch device, or 'auto' on a worker
+
+    def map(
+        self, fn: Callable[[J, str], R], jobs: Sequence[J], desc: str, progress: bool
+    ) -> list[R]:
+        """fn(job, device) over jobs, results in the order of jobs."""
         ...
 
 
 class LocalExecutor:
-    """One job after another in this process."""
+    """One job after another in this process, on one device."""
+
+    def __init__(self, device: str = "cpu"):
+        self.device = device
 
     def map(self, fn, jobs, desc: str = "jobs", progress: bool = False) -> list:
-        return [fn(job) for job in tqdm(jobs, desc=desc, disable=not progress)]
+        return [fn(job, self.device) for job in tqdm(jobs, desc=desc, disable=not progress)]
 
 
 class RayExecutor:
-    """Each job a Ray task with its own CPU (and GPU, when asked for); address=None starts
-    or joins a local Ray instance."""
+    """Each job a Ray task with one CPU, and one GPU where the cluster has GPUs (unless
+    device is 'cpu'); the jobs then run on the GPU Ray gives them. address=None starts or
+    joins a local Ray instance."""
 
     def __init__(
         self,
         address: str | None = None,
+        device: str = "auto",
         cpus_per_job: float = 1.0,
-        gpus_per_job: float = 0.0,
         max_retries: int = 3,
     ):
         try:
@@ -48,18 +56,23 @@ class RayExecutor:
             raise UsageError("--executor ray needs Ray: pip install 'causaldim[ray]'") from None
         self.ray = ray
         self.address = address
+        self.device = "cpu" if device == "cpu" else "auto"  # a worker sees its GPU as cuda:0
         self.options = {
             "num_cpus": cpus_per_job,
-            "num_gpus": gpus_per_job,
             "max_retries": max_retries,
             "retry_exceptions": False,  # a bug fails the run; a dead worker is retried
         }
 
+    def gpus_per_job(self) -> float:
+        if self.device == "cpu":
+            return 0.0
+        return 1.0 if self.ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
+
     def map(self, fn, jobs, desc: str = "jobs", progress: bool = False) -> list:
         if not self.ray.is_initialized():
             self.ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
-        task = self.ray.remote(**self.options)(fn)
-        refs = [task.remote(job) for job in jobs]
+        task = self.ray.remote(**self.options, num_gpus=self.gpus_per_job())(fn)
+        refs = [task.remote(job, self.device) for job in jobs]
         bar = tqdm(total=len(refs), desc=desc, disable=not progress)
         pending = list(refs)
         while pending:
@@ -69,9 +82,11 @@ class RayExecutor:
         return self.ray.get(refs)
 
 
-def executor_for(name: str, address: str | None = None, gpus_per_job: float = 0.0) -> Executor:
+def executor_for(name: str, address: str | None = None, device: str = "cpu") -> Executor:
+    """The executor of --executor name whose jobs run on device (a resolved --device;
+    under Ray, on the GPU each task is given where the cluster has GPUs)."""
     if name == "local":
-        return LocalExecutor()
+        return LocalExecutor(device)
     if name == "ray":
-        return RayExecutor(address, gpus_per_job=gpus_per_job)
+        return RayExecutor(address, device)
     raise UsageError(f"--executor must be one of {', '.join(EXECUTORS)}, got {name!r}")

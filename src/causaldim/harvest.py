@@ -9,6 +9,7 @@ import shutil
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -20,9 +21,11 @@ from tqdm.auto import tqdm
 from . import __version__
 from .config import HarvestConfig
 from .corpus import Corpus, Splits, load_corpus, split, tokenize
+from .devices import resolve_device, resolve_dtype
 from .errors import IntegrityError, UsageError
 from .faults import fault_point
 from .fileio import write_sealed_json
+from .memory import ModelPassMemory, model_batch_size, model_pass_memory
 from .models import (
     LoadedModel,
     ModelSource,
@@ -87,7 +90,7 @@ def residuals_at(lm: LoadedModel, layers, ids: torch.Tensor) -> dict[int, torch.
     highest."""
     with torch.inference_mode(), tap_blocks(_blocks(lm, layers), "stop") as captured:
         try:
-            lm.model(input_ids=ids, use_cache=False)
+            lm.model(input_ids=ids.to(lm.device), use_cache=False)
         except _StopForward:
             pass
     return captured
@@ -133,6 +136,7 @@ def grads_at(
     the lowest of them and yields every block's gradient on the way (the probes are
     shared by all blocks)."""
     blocks = _blocks(lm, layers)
+    ids = ids.to(lm.device)
     with torch.enable_grad(), tap_blocks(blocks, "leaf") as captured:
         logits = lm.model(input_ids=ids, use_cache=False).logits
         loss = F.cross_entropy(
@@ -164,9 +168,12 @@ def grads_at(
 
 
 def gaussian_probes(logits: torch.Tensor, k: int, generator=None) -> list[torch.Tensor]:
-    """v ~ N(0, I) over the vocabulary at every position: E[J^T v v^T J] = J^T J."""
+    """v ~ N(0, I) over the vocabulary at every position: E[J^T v v^T J] = J^T J. Drawn
+    on the CPU (generator's device), so that every device gets the same probes."""
     return [
-        torch.randn(logits.shape, generator=generator, dtype=torch.float32).to(logits.dtype)
+        torch.randn(logits.shape, generator=generator, dtype=torch.float32, device="cpu").to(
+            logits.device, logits.dtype
+        )
         for _ in range(k)
     ]
 
@@ -183,7 +190,8 @@ def fisher_probes_for(logits: torch.Tensor, k: int, generator=None) -> list[torc
     cdf = flat.cumsum(-1)
     probes = []
     for _ in range(k):
-        r = torch.rand(len(flat), 1, generator=generator, dtype=cdf.dtype) * cdf[:, -1:]
+        u = torch.rand(len(flat), 1, generator=generator, dtype=cdf.dtype, device="cpu")
+        r = u.to(cdf.device) * cdf[:, -1:]
         y = torch.searchsorted(cdf, r, right=True).clamp_max(flat.shape[-1] - 1)
         v = -flat.clone()
         v.scatter_add_(1, y, torch.ones_like(y, dtype=v.dtype))
@@ -210,6 +218,7 @@ class Plan(NamedTuple):
     # and folder; a layer's store does not depend on which others share its pass.
     keys: dict[int, dict]
     store_dirs: dict[int, Path]
+    pass_memory: ModelPassMemory | None = None  # the estimate the batch size came from
 
 
 def plan(cfg: HarvestConfig, extra_layers: tuple[int, ...] = ()) -> Plan:
@@ -225,7 +234,8 @@ def plan(cfg: HarvestConfig, extra_layers: tuple[int, ...] = ()) -> Plan:
                 f"(0..{source.n_layers - 1}); choose --layer or --depth-layers within it"
             )
     layers_path = layers_path_for(source, cfg.layers_path)
-    _check_layers_path(source, layers_path)
+    model = skeleton(source)  # on the meta device: no memory, no weights
+    decoder_layers(model, layers_path)  # checks the path
     if source.context_length and cfg.seq_len > source.context_length:
         raise UsageError(
             f"--seq-len {cfg.seq_len} exceeds the context of {cfg.model} "
@@ -240,6 +250,9 @@ def plan(cfg: HarvestConfig, extra_layers: tuple[int, ...] = ()) -> Plan:
         cfg.tokens,
         cfg.eval_fraction,
         cfg.seed,
+    )
+    cfg, pass_memory = _resolve_hardware(
+        cfg, source, sum(p.numel() for p in model.parameters()), min((layer, *extra_layers))
     )
     common = {
         "model": identity,
@@ -272,12 +285,29 @@ def plan(cfg: HarvestConfig, extra_layers: tuple[int, ...] = ()) -> Plan:
         dirs[layer],
         keys,
         dirs,
+        pass_memory,
     )
 
 
-def _check_layers_path(source: ModelSource, path: str) -> None:
-    """Check the path on the model's meta-device skeleton (no memory, no weights)."""
-    decoder_layers(skeleton(source), path)
+def _resolve_hardware(
+    cfg: HarvestConfig, source: ModelSource, n_params: int, lowest_layer: int
+) -> tuple[HarvestConfig, ModelPassMemory]:
+    """cfg with a concrete device, dtype and batch size (the largest that fits, when not
+    given), and the memory estimate behind it."""
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    need = model_pass_memory(
+        source.config,
+        n_params,
+        lowest_layer,
+        cfg.seq_len,
+        dtype,
+        cfg.logit_probes,
+        cfg.fisher_probes,
+        device,
+    )
+    batch = cfg.batch_size or model_batch_size(need, device, max(1, cfg.tokens // cfg.seq_len))
+    return replace(cfg, device=str(device), dtype=dtype, batch_size=batch), need
 
 
 def _check_out_folder(out: Path, identity: dict) -> None:
@@ -364,6 +394,7 @@ def harvest(cfg: HarvestConfig, progress: bool = True, the_plan: Plan | None = N
     """Run the model pass for cfg (or reuse finished, matching stores): one pass writes
     the store of every planned layer that has none yet."""
     p = the_plan or plan(cfg)
+    cfg = p.config  # device, dtype and batch size resolved
     stores = {i: _existing(p.store_dirs[i], p.keys[i], cfg.repair) for i in p.store_dirs}
     missing = [i for i, s in stores.items() if s is None]
     if not missing:
@@ -380,7 +411,7 @@ def harvest(cfg: HarvestConfig, progress: bool = True, the_plan: Plan | None = N
 
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
-    lm = load_model(p.source, cfg.dtype, p.layers_path)
+    lm = load_model(p.source, cfg.dtype, p.layers_path, cfg.device)
     seconds = {"load_model": time.perf_counter() - t0}
 
     # Each layer's outlier threshold comes from the median norm of a fixed calibration batch.
@@ -473,6 +504,10 @@ def _harvest_split(lm, p: Plan, name, seqs, outputs: dict[int, _LayerOutput], pr
             loss_sum, n_pred = loss_sum + first.loss_sum, n_pred + first.n_predictions
         else:
             per_layer = {i: (h, {}) for i, h in residuals_at(lm, outputs, ids).items()}
+        per_layer = {
+            i: (h.cpu(), {k: v.cpu() for k, v in cols.items()})
+            for i, (h, cols) in per_layer.items()
+        }
         b, t = ids.shape
         pos = torch.arange(t, dtype=torch.int32).repeat(b)
         seq = torch.arange(start, start + b, dtype=torch.int32).repeat_interleave(t)

@@ -111,6 +111,10 @@ class LoadedModel(NamedTuple):
     tokenizer: object
     layers: nn.ModuleList
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
 
 def embedded_path(name: str) -> Path:
     """The GGUF file of an embedded model, found without importing its package."""
@@ -297,9 +301,14 @@ def _convert(source: ModelSource, model: nn.Module, tokenizer) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def load_model(source: ModelSource, dtype: str = "float32", layers_path: str | None = None):
-    """Load weights and tokenizer; weights frozen, eval mode. A GGUF file is converted once
-    (float32, cached) so that later loads are fast."""
+def load_model(
+    source: ModelSource,
+    dtype: str = "float32",
+    layers_path: str | None = None,
+    device: str | torch.device = "cpu",
+):
+    """Load weights and tokenizer onto device; weights frozen, eval mode. A GGUF file is
+    converted once (float32, cached) so that later loads are fast."""
     from transformers import AutoModelForCausalLM
 
     convert = source.gguf_file is not None and source.gguf_origin is not None
@@ -312,7 +321,7 @@ def load_model(source: ModelSource, dtype: str = "float32", layers_path: str | N
     if convert:
         _convert(source, model, tokenizer)
         model = model.to(getattr(torch, dtype))
-    model.eval().requires_grad_(False)
+    model.to(device).eval().requires_grad_(False)
     layers = decoder_layers(model, layers_path_for(source, layers_path))
     return LoadedModel(source, model, tokenizer, layers)
 

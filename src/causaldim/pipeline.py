@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
+import torch
 from tqdm.auto import tqdm
 
 from . import __version__, faults, models
@@ -22,11 +23,13 @@ from .analysis import PAPER, analyze
 from .config import AnalysisConfig, HarvestConfig, SweepConfig
 from .controls import run_controls
 from .costs import disk_bytes
+from .devices import resolve_dtype
 from .errors import UsageError
-from .executors import executor_for
+from .executors import Executor, LocalExecutor, executor_for
 from .faults import fault_point
 from .fileio import sha256_file, write_sealed_json
 from .harvest import Plan, harvest, plan
+from .memory import check_sae_training
 from .models import resolve_model
 from .report import SCHEMA, render
 from .sae import SAE
@@ -47,15 +50,16 @@ class RunResult(NamedTuple):
 
 
 class Plans(NamedTuple):
-    """The harvest plan (every layer the pass writes) and, for control 'scale', the
-    second model's."""
+    """The harvest plans (every layer the pass writes; device, dtype and batch size
+    resolved), for control 'scale' the second model's, and the sweep as it will run."""
 
     main: Plan
     scale: Plan | None
+    sweep: SweepConfig
 
 
 def check(cfg: HarvestConfig, sweep_cfg: SweepConfig, analysis_cfg: AnalysisConfig) -> Plans:
-    """Every check that needs no weights; returns the harvest plans."""
+    """Every check that needs no weights; returns the plans."""
     sweep_cfg.check()
     analysis_cfg.check()
     analysis_cfg.check_against(sweep_cfg)
@@ -67,6 +71,16 @@ def check(cfg: HarvestConfig, sweep_cfg: SweepConfig, analysis_cfg: AnalysisConf
         )
     executor_for(sweep_cfg.executor, sweep_cfg.ray_address)  # Ray installed, if asked for
     main = plan(cfg)
+    device = torch.device(main.config.device)
+    sweep_cfg = replace(sweep_cfg, sae_dtype=resolve_dtype(sweep_cfg.sae_dtype, device))
+    if sweep_cfg.executor == "local" and not sweep_cfg.sae_paths:
+        check_sae_training(
+            main.source.d_model,
+            sweep_cfg.widths,
+            sweep_cfg.batch_tokens,
+            sweep_cfg.sae_dtype,
+            device,
+        )
     for path in sweep_cfg.sae_paths:
         if (d := peek_d_in(Path(path))) != main.source.d_model:
             raise UsageError(
@@ -88,7 +102,7 @@ def check(cfg: HarvestConfig, sweep_cfg: SweepConfig, analysis_cfg: AnalysisConf
                 cfg, model=analysis_cfg.scale_model, layer=layer, out=str(Path(cfg.out) / "scale")
             )
         )
-    return Plans(main, scale)
+    return Plans(main, scale, sweep_cfg)
 
 
 RUN_ENTRIES = {"results.json", "stores", "saes", "figures", "report.md", "report.html"}
@@ -157,10 +171,12 @@ def measure_layer(
     seconds: dict,
     load_lm=None,
     repair: bool = False,
+    executor: Executor | None = None,
 ) -> Measurement:
     """Direct Sigma, the SAE sweep (SAEs under out/saes, trained or imported), AtP scores
-    and the analysis of one store, the training and scoring jobs on the sweep's executor;
-    with load_lm, each SAE is also spliced into the model (CE recovered)."""
+    and the analysis of one store, the training and scoring jobs on executor (default: in
+    this process, on the CPU); with load_lm, each SAE is also spliced into the model (CE
+    recovered)."""
 
     def timed(name: str, work):
         fault_point(f"stage.{name}")
@@ -169,7 +185,7 @@ def measure_layer(
         seconds[name] = time.perf_counter() - t
         return value
 
-    executor = executor_for(sweep_cfg.executor, sweep_cfg.ray_address)
+    executor = executor or LocalExecutor()
     sigma = timed("sigma", lambda: measure(store, analysis_cfg, seed=seed))
     if sweep_cfg.sae_paths:
         entries = timed("sweep", lambda: import_saes(store, out, sweep_cfg.sae_paths))
@@ -220,10 +236,12 @@ def run(
 ) -> RunResult:
     """The whole measurement; finished stages of an earlier run (store, SAEs) are reused."""
     analysis_cfg = analysis_cfg or AnalysisConfig()
-    sweep_cfg = analysis_cfg.sweep_for(sweep_cfg or SweepConfig())
-    plans = check(cfg, sweep_cfg, analysis_cfg)  # before anything is written
+    plans = check(cfg, analysis_cfg.sweep_for(sweep_cfg or SweepConfig()), analysis_cfg)
     faults.reset()
-    the_plan = plans.main
+    # Under Ray, 'auto' is resolved by each worker (the GPU it is given, if any).
+    executor = executor_for(plans.sweep.executor, plans.sweep.ray_address, cfg.device)
+    the_plan, sweep_cfg = plans.main, plans.sweep
+    cfg = the_plan.config  # device, dtype and batch size resolved
     out = Path(cfg.out)
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.perf_counter()
     seconds = {}
@@ -238,11 +256,20 @@ def run(
 
     def load_lm():
         nonlocal lm
-        lm = lm or models.load_model(the_plan.source, cfg.dtype, the_plan.layers_path)
+        lm = lm or models.load_model(the_plan.source, cfg.dtype, the_plan.layers_path, cfg.device)
         return lm
 
     here = measure_layer(
-        store, out, sweep_cfg, analysis_cfg, cfg.seed, progress, seconds, load_lm, cfg.repair
+        store,
+        out,
+        sweep_cfg,
+        analysis_cfg,
+        cfg.seed,
+        progress,
+        seconds,
+        load_lm,
+        cfg.repair,
+        executor,
     )
     headline = here.entries[0].architecture if sweep_cfg.sae_paths else sweep_cfg.architectures[0]
     controls, selected = {}, analysis_cfg.selected_controls()
@@ -258,8 +285,9 @@ def run(
             per_layer = {the_plan.layer: (_sigma_dicts(here.sigma), here.analysis[headline])}
             for layer, other in sorted(result.stores.items()):
                 if layer != the_plan.layer:
+                    folder = out / "depth" / f"L{layer}"
                     there = measure_layer(
-                        other, out / "depth" / f"L{layer}", one_arch, quiet, cfg.seed, False, {}
+                        other, folder, one_arch, quiet, cfg.seed, False, {}, executor=executor
                     )
                     per_layer[layer] = (_sigma_dicts(there.sigma), there.analysis[headline])
             return depth_summary(per_layer)
@@ -278,7 +306,9 @@ def run(
             if plans.scale is None:
                 return {"skipped": "needs a second model of the family: pass --scale-model"}
             other = harvest(plans.scale.config, progress=False, the_plan=plans.scale).store
-            there = measure_layer(other, out / "scale", one_arch, quiet, cfg.seed, False, {})
+            there = measure_layer(
+                other, out / "scale", one_arch, quiet, cfg.seed, False, {}, executor=executor
+            )
             names = (cfg.model, analysis_cfg.scale_model)
             return {
                 "layers": [the_plan.layer, plans.scale.layer],

@@ -13,7 +13,9 @@ from typing import NamedTuple
 
 import torch
 
+from .devices import resolve_device
 from .errors import UsageError
+from .memory import dense_batch_tokens
 from .sae import SAE
 from .store import Store
 
@@ -65,18 +67,22 @@ def require_gradients(store: Store) -> None:
 
 @torch.no_grad()
 def atp_scores(sae: SAE, store: Store, blocks: int = 32, batch_tokens: int = 4096) -> Scores:
+    """The Scores of sae, computed on its device (as many tokens at a time as fit, at most
+    batch_tokens)."""
     require_gradients(store)
-    width = sae.cfg.width
+    width, device = sae.cfg.width, sae.b_dec.device
     blocks = store.blocks("eval", blocks)
-    atp = torch.zeros(blocks, width, dtype=torch.float64)
-    fired = torch.zeros(blocks, width, dtype=torch.float64)  # exact counts, ready for resampling
+    atp = torch.zeros(blocks, width, dtype=torch.float64, device=device)
+    # exact counts, ready for resampling
+    fired = torch.zeros(blocks, width, dtype=torch.float64, device=device)
     tokens = torch.zeros(blocks, dtype=torch.long)
     active_total = torch.zeros(blocks, dtype=torch.long)
     last = store.manifest["seq_len"] - 1
+    batch_tokens = dense_batch_tokens(sae.cfg.d_in, width, batch_tokens, device)
     for batch in store.batches("eval", ("h", "g", "pos", "seq"), batch_tokens):
         keep = batch["pos"] < last
-        h, g = batch["h"][keep], batch["g"][keep]
-        block_of = store.block_of("eval", batch["seq"][keep], blocks)
+        h, g = batch["h"][keep].to(device), batch["g"][keep].to(device)
+        block_of = store.block_of("eval", batch["seq"][keep], blocks).to(device)
         f = sae.encode(h)
         effect = (f * (g @ sae.W_dec.T)).abs_()  # [tokens, width]: |f_i (g . d_i)|
         active = f > 0
@@ -86,7 +92,7 @@ def atp_scores(sae: SAE, store: Store, blocks: int = 32, batch_tokens: int = 409
             fired[b] += active[rows].sum(0)
             tokens[b] += int(rows.sum())
             active_total[b] += int(active[rows].sum())
-    return Scores(atp, fired, tokens, active_total)
+    return Scores(atp.cpu(), fired.cpu(), tokens, active_total)
 
 
 class ScoreJob(NamedTuple):
@@ -98,9 +104,10 @@ class ScoreJob(NamedTuple):
     batch_tokens: int
 
 
-def score_job(job: ScoreJob) -> Scores:
+def score_job(job: ScoreJob, device: str = "cpu") -> Scores:
     from .faults import fault_point
     from .sae.formats import load
 
     fault_point("scores.sae")
-    return atp_scores(load(job.sae_folder), Store(job.store), job.blocks, job.batch_tokens)
+    sae = load(job.sae_folder).to(resolve_device(device))
+    return atp_scores(sae, Store(job.store), job.blocks, job.batch_tokens)

@@ -6,10 +6,12 @@ true residual and are left out of the loss."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
 
+from .devices import placed
 from .models import LoadedModel
 
 
@@ -36,6 +38,7 @@ def spliced_loss(
             hidden[mask] = replace(flat.float()).to(hidden.dtype)
         return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
+    ids = ids.to(lm.device)
     handle = lm.layers[layer].register_forward_hook(hook)
     try:
         logits = lm.model(input_ids=ids, use_cache=False).logits
@@ -59,16 +62,17 @@ def ce_loss_recovered(
 ) -> dict:
     """Clean, mean-ablated and per-SAE spliced mean losses, and for each SAE
     (L_ablated - L_sae) / (L_ablated - L_clean)."""
+    mean = mean.to(lm.device)
     replacements = {"clean": None, "mean_ablated": lambda h: mean.expand_as(h)}
     replacements.update({name: sae for name, sae in saes.items()})
     totals = dict.fromkeys(replacements, 0.0)
     count = 0
-    for start in range(0, len(seqs), batch_size):
-        ids = seqs[start : start + batch_size]
-        for name, fn in replacements.items():
-            loss, n = spliced_loss(lm, layer, ids, fn, threshold)
-            totals[name] += loss
-        count += n
+    for name, fn in replacements.items():  # one SAE at a time on the model's device
+        with placed(fn, lm.device) if isinstance(fn, torch.nn.Module) else nullcontext():
+            for start in range(0, len(seqs), batch_size):
+                loss, n = spliced_loss(lm, layer, seqs[start : start + batch_size], fn, threshold)
+                totals[name] += loss
+                count += n if name == "clean" else 0  # the same predictions for every one
     means = {k: v / count for k, v in totals.items()}
     gap = means["mean_ablated"] - means["clean"]
     return {

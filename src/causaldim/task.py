@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 
 from .ablation import editable, edited_block, zero_feature
+from .devices import placed
 from .errors import UsageError
 from .harvest import tap_blocks
 from .models import LoadedModel
@@ -138,11 +139,13 @@ def length_groups(prompts: list[Prompt]) -> list[Group]:
 def _diffs(lm: LoadedModel, group: Group) -> torch.Tensor:
     """[b] logit(correct) - logit(wrong) at the last position, float64; only the last
     position's logits are made where the model allows it (the head of a 49k vocabulary
-    is about a fifth of SmolLM2's forward)."""
+    is about a fifth of SmolLM2's forward). On the model's device."""
     keep = "logits_to_keep" in inspect.signature(lm.model.forward).parameters
     kw = {"logits_to_keep": 1} if keep else {}
-    last = lm.model(input_ids=group.ids, use_cache=False, **kw).logits[:, -1].double()
-    return last.gather(1, group.correct[:, None])[:, 0] - last.gather(1, group.wrong[:, None])[:, 0]
+    ids = group.ids.to(lm.device)
+    last = lm.model(input_ids=ids, use_cache=False, **kw).logits[:, -1].double()
+    correct, wrong = group.correct.to(lm.device)[:, None], group.wrong.to(lm.device)[:, None]
+    return last.gather(1, correct)[:, 0] - last.gather(1, wrong)[:, 0]
 
 
 @torch.no_grad()
@@ -155,7 +158,7 @@ def logit_diffs(
 ) -> torch.Tensor:
     """_diffs with block `layer`'s output replaced by edit(h) where a real ablation edits."""
     with edited_block(lm, layer, edit, threshold):
-        return _diffs(lm, group)
+        return _diffs(lm, group).cpu()
 
 
 def _clean_pass(lm: LoadedModel, layer: int, group: Group):
@@ -163,7 +166,7 @@ def _clean_pass(lm: LoadedModel, layer: int, group: Group):
     with torch.enable_grad(), tap_blocks({layer: lm.layers[layer]}, "leaf") as captured:
         diffs = _diffs(lm, group)
         (grad,) = torch.autograd.grad(diffs.sum(), captured[layer])
-    return diffs.detach(), captured[layer].detach().float(), grad.float()
+    return diffs.detach().cpu(), captured[layer].detach().float(), grad.float()
 
 
 @torch.no_grad()
@@ -182,6 +185,11 @@ def task_recovery(
     those with the largest first-order effect on the metric), call those that move the
     metric by more than fraction * |clean metric| ground truth, and count how many of them
     rank in the top `top` of the width by generic-text AtP."""
+    with placed(sae, lm.device):
+        return _task_recovery(lm, store, sae, scores, n_prompts, fraction, top, max_features, seed)
+
+
+def _task_recovery(lm, store, sae, scores, n_prompts, fraction, top, max_features, seed) -> dict:
     layer, threshold = store.manifest["layer"], store.manifest["outliers"]["threshold"]
     prompts = agreement_prompts(lm.tokenizer, n_prompts, seed)
     groups = length_groups(prompts)
@@ -193,10 +201,10 @@ def task_recovery(
         diffs, h, g = _clean_pass(lm, layer, group)
         clean[group.index] = diffs
         mask = editable(h, threshold)
-        f = torch.zeros(*mask.shape, width)
+        f = torch.zeros(*mask.shape, width, device=h.device)
         f[mask] = sae.encode(h[mask])
-        fires[group.index] = (f > 0).any(1)
-        linear += (f * (g @ sae.W_dec.T)).sum((0, 1), dtype=torch.float64)
+        fires[group.index] = (f > 0).any(1).cpu()
+        linear += (f * (g @ sae.W_dec.T)).sum((0, 1), dtype=torch.float64).cpu()
     first_order = -linear / n  # removing f d changes the metric by -f (g . d) to first order
     clean_metric = float(clean.mean())
 

@@ -52,9 +52,10 @@ class SAE(nn.Module):
         return self.W_enc_t.T
 
     def reset(self, generator: torch.Generator | None = None) -> None:
-        """Unit-norm random decoder rows; the encoder starts as the decoder's transpose."""
+        """Unit-norm random decoder rows; the encoder starts as the decoder's transpose.
+        Drawn on the CPU, so that every device starts from the same weights."""
         with torch.no_grad():
-            w = torch.randn(self.W_dec.shape, generator=generator)
+            w = torch.randn(self.W_dec.shape, generator=generator, device="cpu")
             self.W_dec.copy_(w / w.norm(dim=1, keepdim=True))
             self.W_enc_t.copy_(self.W_dec)
             self.b_enc.zero_()

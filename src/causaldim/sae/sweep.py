@@ -14,8 +14,10 @@ from typing import NamedTuple
 import torch
 
 from ..config import SweepConfig
+from ..devices import resolve_device, resolve_dtype
 from ..errors import IntegrityError, UsageError
 from ..executors import Executor, LocalExecutor
+from ..memory import dense_batch_tokens
 from ..store import Store
 from . import SAE, SAEConfig, build
 from .checkpoint import Checkpoint
@@ -48,13 +50,15 @@ def fit_normalizer(store: Store, max_tokens: int = 65_536) -> Normalizer:
 @torch.no_grad()
 def evaluate(sae: SAE, store: Store, batch_tokens: int = 4096) -> dict:
     """Fraction of variance explained, L0, alive and dead features, density histogram,
-    on the eval split with outliers left out."""
-    fired = torch.zeros(sae.cfg.width, dtype=torch.long)
+    on the eval split with outliers left out, on the SAE's device."""
+    device = sae.b_dec.device
+    fired = torch.zeros(sae.cfg.width, dtype=torch.long, device=device)
     sq_err, l0_sum, n = 0.0, 0.0, 0
-    s1 = torch.zeros(sae.cfg.d_in, dtype=torch.float64)
+    s1 = torch.zeros(sae.cfg.d_in, dtype=torch.float64, device=device)
     s2 = 0.0
+    batch_tokens = dense_batch_tokens(sae.cfg.d_in, sae.cfg.width, batch_tokens, device)
     for batch in store.batches("eval", ("h",), batch_tokens):
-        x = batch["h"]
+        x = batch["h"].to(device)
         f = sae.encode(x)
         active = f > 0
         fired += active.sum(0)
@@ -64,7 +68,7 @@ def evaluate(sae: SAE, store: Store, batch_tokens: int = 4096) -> dict:
         s2 += float(x.double().pow(2).sum())
         n += len(x)
     total_var = s2 - float(s1 @ s1) / n
-    freq = fired.double() / n
+    freq = fired.cpu().double() / n
     alive = int((fired > 0).sum())
     edges = list(range(-7, 1))
     log_freq = freq[freq > 0].log10()
@@ -80,14 +84,14 @@ def evaluate(sae: SAE, store: Store, batch_tokens: int = 4096) -> dict:
     }
 
 
-def _settings(cfg: SweepConfig, seed: int) -> TrainSettings:
+def _settings(cfg: SweepConfig, seed: int, device: torch.device) -> TrainSettings:
     return TrainSettings(
         lr=cfg.lr,
         epochs=cfg.epochs,
         target_l0=float(cfg.k),
         dead_tokens=cfg.dead_tokens,
         seed=seed,
-        compute_dtype=cfg.sae_dtype,
+        compute_dtype=resolve_dtype(cfg.sae_dtype, device),
     )
 
 
@@ -103,21 +107,24 @@ class TrainJob(NamedTuple):
     repair: bool
 
 
-def train_job(job: TrainJob) -> None:
-    """Train, evaluate and save one SAE (resuming from its checkpoint if one is there)."""
+def train_job(job: TrainJob, device: str = "cpu") -> None:
+    """Train, evaluate and save one SAE on device (resuming from its checkpoint if one is
+    there)."""
+    device = resolve_device(device)
     store, folder, request = Store(job.store), Path(job.folder), job.request
-    normalizer = fit_normalizer(store)
+    normalizer = fit_normalizer(store).to(device)
     # Train tokens on which JumpReLU and ReLU get their final exact L0 match.
-    held_out = next(store.batches("train", ("h",), 16_384))["h"]
+    held_out = next(store.batches("train", ("h",), 16_384))["h"].to(device)
     arch, width, k = request["architecture"], request["width"], request["k"]
     sae = build(SAEConfig(arch, store.d_model, width, k=k if arch == "topk" else None))
+    sae.to(device)
     checkpoint = Checkpoint(
         folder.parent / f".partial-{folder.name}", request, job.checkpoint_steps, job.repair
     )
 
     def batches():
         for b in store.batches("train", ("h",), request["batch_tokens"]):
-            yield b["h"]
+            yield b["h"].to(device, non_blocking=True)
 
     t = time.perf_counter()
     settings = TrainSettings(**job.settings)
@@ -128,7 +135,7 @@ def train_job(job: TrainJob) -> None:
         "normalizer": {"scale": normalizer.scale},
         "eval": evaluate(sae.requires_grad_(False), store),
     }
-    save(sae, folder, meta)
+    save(sae.cpu(), folder, meta)
     checkpoint.clear()
 
 
@@ -146,8 +153,9 @@ def run_sweep(
     killed mid-training resumes from its last checkpoint; a finished one whose weights
     fail their hash raises IntegrityError, or is trained again with repair."""
     out = Path(out)
+    executor = executor or LocalExecutor()
     fingerprint = store_fingerprint(store)
-    settings = _settings(cfg, seed)
+    settings = _settings(cfg, seed, resolve_device(executor.device))
     n_train = store.n_tokens("train", drop_outliers=True)
     steps = cfg.epochs * math.ceil(n_train / cfg.batch_tokens)
     folders, jobs = {}, []
@@ -174,7 +182,7 @@ def run_sweep(
                     repair,
                 )
                 jobs.append(job)
-    (executor or LocalExecutor()).map(train_job, jobs, "SAE sweep", progress)
+    executor.map(train_job, jobs, "SAE sweep", progress)
     trained = {job.folder for job in jobs}
     return [
         SweepEntry(arch, width, folder, str(folder) not in trained, read_meta(folder))

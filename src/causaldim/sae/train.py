@@ -63,6 +63,9 @@ class Normalizer(NamedTuple):
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return (x - self.mean) / self.scale
 
+    def to(self, device) -> Normalizer:
+        return Normalizer(self.mean.to(device), self.scale)
+
 
 def train_sae(
     sae: SAE,
@@ -76,13 +79,15 @@ def train_sae(
     """Train in place on normalised batches; fold the normalisation in at the end. With
     `held_out` tokens, a final uniform shift of the firing bars matches L0 exactly. With
     a checkpoint, the state is saved every checkpoint.every steps and a saved state of
-    the same request is resumed from: batches() must give the same batches each epoch."""
-    gen = torch.Generator().manual_seed(settings.seed)
+    the same request is resumed from: batches() must give the same batches each epoch.
+    Batches, held_out and the normaliser must be on the SAE's device."""
+    gen = torch.Generator().manual_seed(settings.seed)  # on the CPU: the same on any device
     sae.reset(gen)
     opt = torch.optim.Adam(sae.parameters(), lr=settings.lr, betas=(0.9, 0.999), fused=True)
     decay_start = int(total_steps * (1 - settings.decay_fraction))
     coef = sae.init_sparsity_coef if settings.init_coef is None else settings.init_coef
-    since_fired = torch.zeros(sae.cfg.width, dtype=torch.long)
+    device = sae.b_dec.device
+    since_fired = torch.zeros(sae.cfg.width, dtype=torch.long, device=device)
     is_topk = isinstance(sae, TopKSAE)
     dtype = getattr(torch, settings.compute_dtype)
     step, tokens, history, recent = 0, 0, [], []
@@ -90,7 +95,7 @@ def train_sae(
     if checkpoint is not None and (saved := checkpoint.load()) is not None:
         tensors, state = saved
         _restore(sae, opt, gen, tensors, state)
-        since_fired = tensors["since_fired"]
+        since_fired = tensors["since_fired"].to(device)
         step, tokens, coef, first = state["step"], state["tokens"], state["coef"], False
         history, recent = state["history"], [tuple(r) for r in state["recent"]]
         done = tuple(state["done"])
@@ -180,13 +185,13 @@ def train_sae(
 
 
 def _snapshot(sae: SAE, opt: torch.optim.Optimizer, gen: torch.Generator, since_fired):
-    """Tensors and JSON state that make the rest of training bit-identical."""
+    """Tensors (on the CPU) and JSON state that make the rest of training bit-identical."""
     opt_state = opt.state_dict()
-    tensors = {f"sae.{k}": v for k, v in sae.state_dict().items()}
+    tensors = {f"sae.{k}": v.cpu() for k, v in sae.state_dict().items()}
     for i, slots in opt_state["state"].items():
         for name, value in slots.items():
-            tensors[f"opt.{i}.{name}"] = value
-    tensors["since_fired"] = since_fired
+            tensors[f"opt.{i}.{name}"] = value.cpu()
+    tensors["since_fired"] = since_fired.cpu()
     tensors["generator"] = gen.get_state()
     return tensors, {"param_groups": opt_state["param_groups"]}
 
