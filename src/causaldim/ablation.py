@@ -117,7 +117,7 @@ def sample_features(atp: torch.Tensor, fired: torch.Tensor, n: int, gen: torch.G
     picks = [top]
     for j, quartile in enumerate(rest.tensor_split(4) if len(rest) else []):
         take = left // 4 + (j < left % 4)
-        picks.append(quartile[torch.randperm(len(quartile), generator=gen)[:take]])
+        picks.append(quartile[torch.randperm(len(quartile), generator=gen, device="cpu")[:take]])
     return torch.cat(picks).sort().values
 
 
@@ -162,7 +162,7 @@ def atp_vs_ablation(
                     ablated = sequence_losses(lm, layer, ids[b], edit, threshold)
                     total += float((ablated - clean[b]).abs().sum())
                 real.append(total / n_tokens)
-            real_t = torch.tensor(real, dtype=torch.float64)
+            real_t = torch.tensor(real, dtype=torch.float64, device="cpu")
             atp = scores[width].atp[feats]
             truly = real_t > epsilon_seq
             by_atp = atp > epsilon
@@ -190,8 +190,8 @@ def atp_vs_ablation(
         "rows": rows,
         "missed_fraction": missed / truly_total if truly_total else None,
         "spearman_real_atp_pooled": _spearman(
-            torch.tensor([v for r in rows for v in r["real"]]),
-            torch.tensor([v for r in rows for v in r["atp"]]),
+            torch.tensor([v for r in rows for v in r["real"]], device="cpu"),
+            torch.tensor([v for r in rows for v in r["atp"]], device="cpu"),
         ),
     }
 

@@ -225,6 +225,7 @@ def plan(cfg: HarvestConfig, extra_layers: tuple[int, ...] = ()) -> Plan:
     """Validate the request cheaply (config files and the corpus only); UsageError if bad.
     extra_layers are harvested in the same pass as cfg.layer, each into its own store."""
     cfg.check()
+    device = resolve_device(cfg.device)
     source = resolve_model(cfg.model, cfg.trust_remote_code)
     layer = source.n_layers // 2 if cfg.layer is None else cfg.layer
     for i in (layer, *extra_layers):
@@ -251,9 +252,8 @@ def plan(cfg: HarvestConfig, extra_layers: tuple[int, ...] = ()) -> Plan:
         cfg.eval_fraction,
         cfg.seed,
     )
-    cfg, pass_memory = _resolve_hardware(
-        cfg, source, sum(p.numel() for p in model.parameters()), min((layer, *extra_layers))
-    )
+    n_params = sum(p.numel() for p in model.parameters())
+    cfg, pass_memory = _resolve_hardware(cfg, device, source, n_params, min((layer, *extra_layers)))
     common = {
         "model": identity,
         "layers_path": layers_path,
@@ -290,11 +290,10 @@ def plan(cfg: HarvestConfig, extra_layers: tuple[int, ...] = ()) -> Plan:
 
 
 def _resolve_hardware(
-    cfg: HarvestConfig, source: ModelSource, n_params: int, lowest_layer: int
+    cfg: HarvestConfig, device: torch.device, source: ModelSource, n_params: int, lowest_layer: int
 ) -> tuple[HarvestConfig, ModelPassMemory]:
-    """cfg with a concrete device, dtype and batch size (the largest that fits, when not
-    given), and the memory estimate behind it."""
-    device = resolve_device(cfg.device)
+    """cfg on device with a concrete dtype and batch size (the largest that fits, when
+    not given), and the memory estimate behind it."""
     dtype = resolve_dtype(cfg.dtype, device)
     need = model_pass_memory(
         source.config,

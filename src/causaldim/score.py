@@ -51,7 +51,7 @@ class Scores(NamedTuple):
     def resample(self, weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(AtP, firing counts) with each block counted weights[b] times (default once)."""
         if weights is None:
-            weights = torch.ones(len(self.tokens), dtype=torch.float64)
+            weights = torch.ones(len(self.tokens), dtype=torch.float64, device="cpu")
         w = weights.double()
         atp = (w @ self.atp_sums) / max(float(w @ self.tokens.double()), 1.0)
         return atp, w @ self.fired_counts.to(w.dtype)  # no copy: scoring stores float64
@@ -75,8 +75,8 @@ def atp_scores(sae: SAE, store: Store, blocks: int = 32, batch_tokens: int = 409
     atp = torch.zeros(blocks, width, dtype=torch.float64, device=device)
     # exact counts, ready for resampling
     fired = torch.zeros(blocks, width, dtype=torch.float64, device=device)
-    tokens = torch.zeros(blocks, dtype=torch.long)
-    active_total = torch.zeros(blocks, dtype=torch.long)
+    tokens = torch.zeros(blocks, dtype=torch.long, device="cpu")
+    active_total = torch.zeros(blocks, dtype=torch.long, device="cpu")
     last = store.manifest["seq_len"] - 1
     batch_tokens = dense_batch_tokens(sae.cfg.d_in, width, batch_tokens, device)
     for batch in store.batches("eval", ("h", "g", "pos", "seq"), batch_tokens):
@@ -109,5 +109,5 @@ def score_job(job: ScoreJob, device: str = "cpu") -> Scores:
     from .sae.formats import load
 
     fault_point("scores.sae")
-    sae = load(job.sae_folder).to(resolve_device(device))
+    sae = load(job.sae_folder, resolve_device(device))
     return atp_scores(sae, Store(job.store), job.blocks, job.batch_tokens)

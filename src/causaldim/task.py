@@ -127,10 +127,10 @@ def length_groups(prompts: list[Prompt]) -> list[Group]:
         by_length.setdefault(len(p.ids), []).append(j)
     return [
         Group(
-            torch.tensor(rows),
-            torch.tensor([prompts[j].ids for j in rows]),
-            torch.tensor([prompts[j].correct for j in rows]),
-            torch.tensor([prompts[j].wrong for j in rows]),
+            torch.tensor(rows, device="cpu"),
+            torch.tensor([prompts[j].ids for j in rows], device="cpu"),
+            torch.tensor([prompts[j].correct for j in rows], device="cpu"),
+            torch.tensor([prompts[j].wrong for j in rows], device="cpu"),
         )
         for _, rows in sorted(by_length.items())
     ]
@@ -194,9 +194,10 @@ def _task_recovery(lm, store, sae, scores, n_prompts, fraction, top, max_feature
     prompts = agreement_prompts(lm.tokenizer, n_prompts, seed)
     groups = length_groups(prompts)
     n, width = len(prompts), sae.cfg.width
-    clean = torch.zeros(n, dtype=torch.float64)
-    fires = torch.zeros(n, width, dtype=torch.bool)
-    linear = torch.zeros(width, dtype=torch.float64)  # sum over prompts and positions f (g.d)
+    # On the CPU; the model's device only holds one group's tensors at a time.
+    clean = torch.zeros(n, dtype=torch.float64, device="cpu")
+    fires = torch.zeros(n, width, dtype=torch.bool, device="cpu")
+    linear = torch.zeros(width, dtype=torch.float64, device="cpu")  # sum of f (g.d)
     for group in groups:
         diffs, h, g = _clean_pass(lm, layer, group)
         clean[group.index] = diffs
@@ -223,10 +224,12 @@ def _task_recovery(lm, store, sae, scores, n_prompts, fraction, top, max_feature
                 )
         effects.append(total / n)
 
-    rank = torch.empty(width, dtype=torch.long)
-    rank[scores.atp.argsort(descending=True, stable=True)] = torch.arange(width)
+    rank = torch.empty(width, dtype=torch.long, device="cpu")
+    rank[scores.atp.argsort(descending=True, stable=True)] = torch.arange(width, device="cpu")
     top_k = max(1, round(top * width))  # 5% of 256: the 13 highest
-    truth = torch.tensor(effects, dtype=torch.float64).abs() > fraction * abs(clean_metric)
+    truth = torch.tensor(effects, dtype=torch.float64, device="cpu").abs() > fraction * abs(
+        clean_metric
+    )
     in_top = rank[evaluated] < top_k
     n_truth = int(truth.sum())
     return {

@@ -35,8 +35,9 @@ def _tensors(sae: SAE) -> dict[str, torch.Tensor]:
     return out
 
 
-def _from_tensors(cfg: SAEConfig, t: dict[str, torch.Tensor]) -> SAE:
-    sae = build(cfg)
+def _from_tensors(cfg: SAEConfig, t: dict[str, torch.Tensor], device="cpu") -> SAE:
+    with torch.device(device):
+        sae = build(cfg)
     with torch.no_grad():
         for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
             getattr(sae, name).copy_(t[name].float())
@@ -103,10 +104,11 @@ def verify(folder: Path) -> dict:
     return meta
 
 
-def load(folder: Path) -> SAE:
+def load(folder: Path, device: str | torch.device = "cpu") -> SAE:
+    """A saved SAE, its weights checked against their recorded hash, onto device."""
     folder = Path(folder)
     meta = verify(folder)
-    return _from_tensors(SAEConfig(**meta["sae"]), load_file(folder / WEIGHTS))
+    return _from_tensors(SAEConfig(**meta["sae"]), load_file(folder / WEIGHTS), device)
 
 
 # ------------------------------------------------------------------------------- SAELens

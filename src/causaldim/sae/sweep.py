@@ -116,8 +116,8 @@ def train_job(job: TrainJob, device: str = "cpu") -> None:
     # Train tokens on which JumpReLU and ReLU get their final exact L0 match.
     held_out = next(store.batches("train", ("h",), 16_384))["h"].to(device)
     arch, width, k = request["architecture"], request["width"], request["k"]
-    sae = build(SAEConfig(arch, store.d_model, width, k=k if arch == "topk" else None))
-    sae.to(device)
+    with device:  # the weights are made where they train
+        sae = build(SAEConfig(arch, store.d_model, width, k=k if arch == "topk" else None))
     checkpoint = Checkpoint(
         folder.parent / f".partial-{folder.name}", request, job.checkpoint_steps, job.repair
     )
