@@ -19,6 +19,7 @@ import statistics
 import torch
 from timing import StepClock, median_time
 
+from causaldim.devices import describe, resolve_device
 from causaldim.sae import SAEConfig, build
 from causaldim.sae.train import Normalizer, TrainSettings, train_sae
 from causaldim.store import Store
@@ -26,7 +27,7 @@ from causaldim.store import Store
 
 def activations(store: str | None, d: int, n: int) -> torch.Tensor:
     if store is None:
-        return torch.randn(n, d)
+        return torch.randn(n, d, device="cpu")
     rows, have = [], 0
     for batch in Store(store).batches("train", ("h",), 8192):
         rows.append(batch["h"])
@@ -38,19 +39,21 @@ def activations(store: str | None, d: int, n: int) -> torch.Tensor:
     return norm(x)
 
 
-def make_sae(arch, d, width, k):
-    return build(SAEConfig(arch, d, width, k=k if arch == "topk" else None))
+def make_sae(arch, d, width, k, device):
+    with torch.device(device):
+        return build(SAEConfig(arch, d, width, k=k if arch == "topk" else None))
 
 
 def step_times(x, arch, width, k, batch, dtype, warmup, steps) -> list[float]:
     """Per-step wall times of `train_sae` itself, after `warmup` steps (JumpReLU and ReLU
     at target L0 k: their first batch calibrates the thresholds)."""
     d = x.shape[1]
-    sae = make_sae(arch, d, width, k)
+    sae = make_sae(arch, d, width, k, x.device)
     chunks = [x[(i * batch) % len(x) :][:batch] for i in range(warmup + steps + 1)]
     clock = StepClock(chunks)  # one chunk more: a step runs from its pull to the next's
-    settings = TrainSettings(compute_dtype=dtype, target_l0=k)
-    train_sae(sae, lambda: clock, settings, len(chunks), Normalizer(torch.zeros(d), 1.0))
+    settings = TrainSettings(compute_dtype=dtype, target_l0=k)  # each step syncs (a .item())
+    normalizer = Normalizer(torch.zeros(d, device=x.device), 1.0)
+    train_sae(sae, lambda: clock, settings, len(chunks), normalizer)
     return clock.step_times(warmup)
 
 
@@ -58,7 +61,7 @@ def dense_step_time(x, arch, width, k, batch, reps) -> float:
     """The dense definition: f over all [B, W] pre-activations, decode with a matmul,
     dense backward (reconstruction loss only: a lower bound on the dense step)."""
     d = x.shape[1]
-    sae = make_sae(arch, d, width, k)
+    sae = make_sae(arch, d, width, k, x.device)
     sae.reset(torch.Generator().manual_seed(0))
     opt = torch.optim.Adam(sae.parameters(), lr=1e-4, fused=True)
     xb = x[:batch]
@@ -90,6 +93,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3, help="floor/step measurements side by side")
     p.add_argument("--dense", action="store_true", help="also time the dense definition")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument(
         "--dtypes",
         nargs="+",
@@ -99,15 +103,15 @@ def main() -> None:
     args = p.parse_args()
 
     torch.manual_seed(0)
-    x = activations(args.store, args.d, args.batch * 4)
-    d = x.shape[1]
+    x = activations(args.store, args.d, args.batch * 4).to(args.device)
+    d, where = x.shape[1], describe(resolve_device(args.device))
     print(
-        f"SAE training step, W={args.width}, k={args.k}, B={args.batch}, d={d}, "
-        f"{torch.get_num_threads()} threads, {'store' if args.store else 'Gaussian'} data"
+        f"SAE training step, W={args.width}, k={args.k}, B={args.batch}, d={d}, on {where} "
+        f"({torch.get_num_threads()} CPU threads), {'store' if args.store else 'Gaussian'} data"
     )
     for arch, dtype in itertools.product(args.archs, args.dtypes):
         dt = getattr(torch, dtype)
-        a, w = x[: args.batch].to(dt), torch.randn(d, args.width).to(dt)
+        a, w = x[: args.batch].to(dt), torch.randn(d, args.width, device=x.device).to(dt)
         w_t = w.T.contiguous().T  # the same [d, W] matrix stored [W, d], as W_enc is
         ratios = []
         for r in range(args.rounds):  # floor and step side by side, round after round

@@ -5,15 +5,25 @@ from __future__ import annotations
 import statistics
 import time
 
+import torch
+
+
+def sync() -> None:
+    """Wait for queued GPU work, so that a wall time covers it."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
 
 def median_time(fn, reps: int, warmup: int = 0) -> float:
     """Median wall time of fn() over reps calls, after warmup untimed calls."""
     for _ in range(warmup):
         fn()
+    sync()
     times = []
     for _ in range(reps):
         t = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - t)
     return statistics.median(times)
 
