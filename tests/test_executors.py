@@ -10,6 +10,7 @@ import pytest
 from test_faults import args_for, numbers
 
 from causaldim import cli
+from causaldim.executors import RayExecutor
 from causaldim.faults import ENV, ONCE
 
 ray = pytest.importorskip("ray")
@@ -37,9 +38,9 @@ def local_run(tmp_path_factory, tiny_model, text_corpus):
 def cluster(request):
     """A fresh local Ray instance with 2 CPUs, started with the environment given."""
 
-    def start(env: dict[str, str]):
+    def start(env: dict[str, str], gpus: int = 0):
         os.environ.update(env)  # workers inherit the driver's environment when they start
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=2, num_gpus=gpus, include_dashboard=False, log_to_driver=False)
 
     yield start
     ray.shutdown()
@@ -69,3 +70,26 @@ def test_a_worker_killed_mid_job_is_retried_and_resumes(
     assert cli.main(args) == 0
     assert fired.exists()  # a worker was killed at its 12th training step
     assert same_numbers(json.loads((out / "results.json").read_text()), local_run)
+
+
+def test_with_gpus_each_job_gets_its_own_and_resolves_its_device_there(cluster):
+    """Two GPUs declared (Ray schedules by the count; none need exist): each job holds
+    one, two run at once on different ones, and each is told 'auto', resolved in the
+    worker to the GPU Ray made visible to it. With --device cpu no GPU is asked for."""
+
+    def where(job, device):
+        import time
+
+        time.sleep(1.0)  # long enough that two jobs overlap
+        return device, ray.get_gpu_ids()
+
+    cluster({}, gpus=2)
+    on_gpus = RayExecutor(device="cuda")
+    assert on_gpus.gpus_per_job() == 1.0
+    got = on_gpus.map(where, list(range(4)))
+    assert [device for device, _ in got] == ["auto"] * 4
+    assert all(len(ids) == 1 for _, ids in got)
+    assert {ids[0] for _, ids in got} == {0, 1}
+    on_cpus = RayExecutor(device="cpu")
+    assert on_cpus.gpus_per_job() == 0.0
+    assert on_cpus.map(where, [0]) == [("cpu", [])]
