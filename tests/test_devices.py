@@ -21,7 +21,7 @@ from causaldim.harvest import grads_at, plan, residuals_at
 from causaldim.memory import ModelPassMemory, model_batch_size
 from causaldim.pipeline import check
 from causaldim.sae.sweep import load_entries, run_sweep
-from causaldim.score import ScoreJob, score_job
+from causaldim.score import ScoreJob, load_scores, score_job
 from causaldim.splice import ce_loss_recovered
 from causaldim.task import task_recovery
 
@@ -141,7 +141,8 @@ def test_every_tensor_a_stage_makes_names_its_device(tiny_lm_store, tmp_path):
     ids, gen = eval_sequences(store, 4), torch.Generator().manual_seed(0)
     with torch.device("meta"):
         entries = run_sweep(store, tmp_path, sweep, progress=False, executor=LocalExecutor("cpu"))
-        scores = score_job(ScoreJob(str(store.root), str(entries[0].folder), 4, 512), "cpu")
+        job = ScoreJob(str(store.root), str(entries[0].folder), 4, 512, str(tmp_path / "s"))
+        scores = load_scores(score_job(job, "cpu"))
         saes = load_entries(entries)
         residuals_at(lm, (1, 2), ids)
         grads_at(lm, (1, 2), ids, 1, 1, gen)

@@ -35,7 +35,7 @@ from .report import SCHEMA, render
 from .sae import SAE
 from .sae.formats import peek_d_in
 from .sae.sweep import SweepEntry, import_saes, load_entries, run_sweep, splice_evaluation
-from .score import ScoreJob, Scores, require_gradients, score_job
+from .score import ScoreJob, Scores, load_scores, require_gradients, score_job
 from .sigma import measure
 from .store import Store
 from .structure import default_depth_layers, depth_summary, matched_layer, scale_comparison
@@ -105,7 +105,7 @@ def check(cfg: HarvestConfig, sweep_cfg: SweepConfig, analysis_cfg: AnalysisConf
     return Plans(main, scale, sweep_cfg)
 
 
-RUN_ENTRIES = {"results.json", "stores", "saes", "figures", "report.md", "report.html"}
+RUN_ENTRIES = {"results.json", "stores", "saes", "scores", "figures", "report.md", "report.html"}
 
 
 def _check_out_folder(out: Path, key: dict) -> None:
@@ -205,10 +205,16 @@ def measure_layer(
     saes, scores, evals = {}, {}, {}
     t = time.perf_counter()
     jobs = [
-        ScoreJob(str(store.root), str(e.folder), analysis_cfg.blocks, analysis_cfg.read_tokens)
+        ScoreJob(
+            str(store.root),
+            str(e.folder),
+            analysis_cfg.blocks,
+            analysis_cfg.read_tokens,
+            str(out / "scores" / f"{e.architecture}-w{e.width}.safetensors"),
+        )
         for e in entries
     ]
-    scored = executor.map(score_job, jobs, "AtP scores", progress)
+    scored = [load_scores(p) for p in executor.map(score_job, jobs, "AtP scores", progress)]
     for e, (name, sae), s in zip(entries, named.items(), scored, strict=True):
         scores.setdefault(e.architecture, {})[e.width] = s
         saes.setdefault(e.architecture, {})[e.width] = sae

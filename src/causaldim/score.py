@@ -9,12 +9,15 @@ Sums are kept per block of eval sequences, so that the counts can be bootstrappe
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import NamedTuple
 
+import safetensors.torch
 import torch
 
 from .devices import resolve_device
 from .errors import UsageError
+from .fileio import atomic_write_bytes
 from .memory import dense_batch_tokens
 from .sae import SAE
 from .store import Store
@@ -95,6 +98,14 @@ def atp_scores(sae: SAE, store: Store, blocks: int = 32, batch_tokens: int = 409
     return Scores(atp.cpu(), fired.cpu(), tokens, active_total)
 
 
+def save_scores(scores: Scores, path: Path) -> None:
+    atomic_write_bytes(path, safetensors.torch.save(scores._asdict()))
+
+
+def load_scores(path: Path) -> Scores:
+    return Scores(**safetensors.torch.load_file(path))
+
+
 class ScoreJob(NamedTuple):
     """Scoring one saved SAE, as plain data for an executor."""
 
@@ -102,12 +113,15 @@ class ScoreJob(NamedTuple):
     sae_folder: str
     blocks: int
     batch_tokens: int
+    out: str  # where the Scores go (at 1M features and 64 blocks, 1 GB: too big to return)
 
 
-def score_job(job: ScoreJob, device: str = "cpu") -> Scores:
+def score_job(job: ScoreJob, device: str = "cpu") -> str:
+    """Score the SAE on device and write its Scores to job.out; returns that path."""
     from .faults import fault_point
     from .sae.formats import load
 
     fault_point("scores.sae")
     sae = load(job.sae_folder, resolve_device(device))
-    return atp_scores(sae, Store(job.store), job.blocks, job.batch_tokens)
+    save_scores(atp_scores(sae, Store(job.store), job.blocks, job.batch_tokens), Path(job.out))
+    return job.out
