@@ -13,7 +13,7 @@ from test_faults import args_for, numbers
 
 from causaldim import cli, devices, memory
 from causaldim.ablation import atp_vs_ablation, eval_sequences
-from causaldim.config import SweepConfig
+from causaldim.config import AnalysisConfig, SweepConfig
 from causaldim.devices import resolve_device, resolve_dtype
 from causaldim.errors import UsageError
 from causaldim.executors import LocalExecutor
@@ -22,6 +22,7 @@ from causaldim.memory import ModelPassMemory, model_batch_size
 from causaldim.pipeline import check
 from causaldim.sae.sweep import load_entries, run_sweep
 from causaldim.score import ScoreJob, load_scores, score_job
+from causaldim.sigma import measure
 from causaldim.splice import ce_loss_recovered
 from causaldim.task import task_recovery
 
@@ -110,8 +111,6 @@ def test_an_unset_batch_size_comes_from_free_memory(harvest_config, monkeypatch)
 def test_an_sae_too_wide_for_the_device_is_refused_before_any_work(
     harvest_config, monkeypatch, tmp_path
 ):
-    from causaldim.config import AnalysisConfig
-
     cfg = harvest_config(out=str(tmp_path / "run"))
     need = memory.sae_training_bytes(32, 1 << 20, 128, "float32")
     monkeypatch.setattr(memory, "memory", lambda device: (need, need // 2))
@@ -144,6 +143,7 @@ def test_every_tensor_a_stage_makes_names_its_device(tiny_lm_store, tmp_path):
         job = ScoreJob(str(store.root), str(entries[0].folder), 4, 512, str(tmp_path / "s"))
         scores = load_scores(score_job(job, "cpu"))
         saes = load_entries(entries)
+        sigma = measure(store, AnalysisConfig(blocks=4, bootstrap=5), 0, "cpu")
         residuals_at(lm, (1, 2), ids)
         grads_at(lm, (1, 2), ids, 1, 1, gen)
         mean = torch.zeros(store.d_model, device="cpu")
@@ -153,6 +153,7 @@ def test_every_tensor_a_stage_makes_names_its_device(tiny_lm_store, tmp_path):
         task = task_recovery(lm, store, sae, scores, 8)
     assert scores.atp.device.type == "cpu" and scores.atp.isfinite().all()
     assert all(p.device.type == "cpu" for p in sae.parameters())  # moved back after use
+    assert sigma["loss"].erank > 0 and sigma["loss"].bootstrap["resamples"] == 5
     assert ce["clean_loss"] > 0 and ablation["rows"] and task["n_prompts"] > 0
 
 

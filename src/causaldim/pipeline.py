@@ -23,7 +23,7 @@ from .analysis import PAPER, analyze
 from .config import AnalysisConfig, HarvestConfig, SweepConfig
 from .controls import run_controls
 from .costs import disk_bytes
-from .devices import resolve_dtype
+from .devices import resolve_device, resolve_dtype
 from .errors import UsageError
 from .executors import Executor, LocalExecutor, executor_for
 from .faults import fault_point
@@ -186,7 +186,8 @@ def measure_layer(
         return value
 
     executor = executor or LocalExecutor()
-    sigma = timed("sigma", lambda: measure(store, analysis_cfg, seed=seed))
+    device = resolve_device(executor.device)  # under Ray, the driver's
+    sigma = timed("sigma", lambda: measure(store, analysis_cfg, seed, device))
     if sweep_cfg.sae_paths:
         entries = timed("sweep", lambda: import_saes(store, out, sweep_cfg.sae_paths))
     else:

@@ -45,15 +45,16 @@ def spectrum(eigenvalues: torch.Tensor) -> Spectrum:
 
 
 class BlockSums:
-    """Per-block sums of x x^T (and of x, for a centred covariance) and counts."""
+    """Per-block sums of x x^T (and of x, for a centred covariance) on device, and counts
+    (on the CPU)."""
 
-    def __init__(self, d: int, blocks: int, centred: bool = False):
-        self.xx = torch.zeros(blocks, d, d, dtype=torch.float64)
-        self.x = torch.zeros(blocks, d, dtype=torch.float64) if centred else None
-        self.n = torch.zeros(blocks, dtype=torch.float64)
+    def __init__(self, d: int, blocks: int, centred: bool = False, device="cpu"):
+        self.xx = torch.zeros(blocks, d, d, dtype=torch.float64, device=device)
+        self.x = torch.zeros(blocks, d, dtype=torch.float64, device=device) if centred else None
+        self.n = torch.zeros(blocks, dtype=torch.float64, device="cpu")
 
     def add(self, block: int, x: torch.Tensor) -> None:
-        x = x.float()
+        x = x.to(self.xx.device, torch.float32)
         self.xx[block] += (x.T @ x).double()
         if self.x is not None:
             self.x[block] += x.sum(0).double()
@@ -63,6 +64,7 @@ class BlockSums:
         """The estimate from the blocks with these weights (default: all, once)."""
         w = torch.ones_like(self.n) if weights is None else weights.double()
         n = float(w @ self.n)
+        w = w.to(self.xx.device)
         sigma = torch.einsum("b,bij->ij", w, self.xx) / n
         if self.x is not None:
             mu = (w @ self.x) / n
@@ -89,13 +91,15 @@ class SigmaEstimate(NamedTuple):
         return self._asdict()
 
 
-def accumulate(store: Store, cfg: AnalysisConfig, readings: tuple[str, ...] | None = None):
-    """One pass over the eval split; returns {reading: BlockSums} and the probe counts."""
+def accumulate(
+    store: Store, cfg: AnalysisConfig, readings: tuple[str, ...] | None = None, device="cpu"
+):
+    """One pass over the eval split; returns {reading: BlockSums} (summed on device)."""
     fields = store.manifest["splits"]["eval"]["fields"]
     readings = readings or tuple(r for r, f in READINGS.items() if f in fields)
     d, seq_len = store.d_model, store.manifest["seq_len"]
     blocks = store.blocks("eval", cfg.blocks)
-    sums = {r: BlockSums(d, blocks, centred=(r == "activations")) for r in readings}
+    sums = {r: BlockSums(d, blocks, r == "activations", device) for r in readings}
     read = tuple(dict.fromkeys([READINGS[r] for r in readings] + ["seq", "pos"]))
     batches = store.batches("eval", read, cfg.read_tokens, not cfg.include_outliers)
     for batch in batches:
@@ -116,14 +120,14 @@ def estimate(
     """Eigenvalues, erank, PR and their uncertainty for one reading's block sums."""
     d = sums.xx.shape[-1]
     n_samples = int(sums.n.sum())
-    eig = torch.linalg.eigvalsh(sums.matrix()).flip(0)
+    eig = torch.linalg.eigvalsh(sums.matrix()).flip(0).cpu()
     point = spectrum(eig)
     blocks = len(sums.n)
 
     boot = None
     if cfg.bootstrap and blocks > 1:
         gen = torch.Generator().manual_seed(seed)
-        draws = torch.randint(0, blocks, (cfg.bootstrap, blocks), generator=gen)
+        draws = torch.randint(0, blocks, (cfg.bootstrap, blocks), generator=gen, device="cpu")
         stats = []
         for row in draws:
             w = torch.bincount(row, minlength=blocks)
@@ -137,8 +141,8 @@ def estimate(
 
     halves = {}
     for name, w in (
-        ("first", torch.arange(blocks) < blocks // 2),
-        ("second", torch.arange(blocks) >= blocks // 2),
+        ("first", torch.arange(blocks, device="cpu") < blocks // 2),
+        ("second", torch.arange(blocks, device="cpu") >= blocks // 2),
     ):
         if w.any() and float(w.double() @ sums.n) > 0:
             s = spectrum(torch.linalg.eigvalsh(sums.matrix(w)))
@@ -146,7 +150,7 @@ def estimate(
 
     curve = []
     for k in sorted({max(1, round(blocks * f)) for f in (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1)}):
-        w = (torch.arange(blocks) < k).double()
+        w = (torch.arange(blocks, device="cpu") < k).double()
         s = spectrum(torch.linalg.eigvalsh(sums.matrix(w)))
         curve.append(
             {
@@ -192,7 +196,7 @@ def _intervals(name: str, point: float, values: list[float]) -> dict:
     """Resampling duplicates blocks, which spreads the eigenvalues and lowers erank: the
     percentile interval inherits that bias. The basic interval reflects the bootstrap
     distribution about the estimate, which corrects for it; both are reported."""
-    t = torch.tensor(values, dtype=torch.float64)
+    t = torch.tensor(values, dtype=torch.float64, device="cpu")
     lo, hi = float(t.quantile(0.025)), float(t.quantile(0.975))
     return {
         f"{name}_95": [2 * point - hi, 2 * point - lo],
@@ -201,10 +205,11 @@ def _intervals(name: str, point: float, values: list[float]) -> dict:
     }
 
 
-def measure(store: Store, cfg: AnalysisConfig | None = None, seed: int = 0) -> dict:
-    """All readings the store holds: {reading: SigmaEstimate}."""
+def measure(store: Store, cfg: AnalysisConfig | None = None, seed: int = 0, device="cpu") -> dict:
+    """All readings the store holds: {reading: SigmaEstimate}; the sums and their
+    eigendecompositions on device."""
     cfg = cfg or AnalysisConfig()
-    sums = accumulate(store, cfg)
+    sums = accumulate(store, cfg, device=device)
     probes = {
         "logits": store.manifest["key"].get("logit_probes", 0),
         "fisher": store.manifest["key"].get("fisher_probes", 0),
