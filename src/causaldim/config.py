@@ -344,14 +344,13 @@ PRESETS: dict[str, dict] = {
         "out": "runs/smoke",
     },
     # The paper's setting (Gemma-2-2B layer 12, widths 16,384..1,048,576, seq 512), for a
-    # GPU: bf16 compute and store, JumpReLU SAEs as in Gemma Scope.
+    # GPU: bf16 compute and store, JumpReLU SAEs as in Gemma Scope; batches fill the GPU.
     "paper": {
         "model": "google/gemma-2-2b",
         "layer": 12,
         "seq_len": 512,
         "tokens": 8_388_608,
         "eval_fraction": 0.0625,
-        "batch_size": 8,
         "dtype": "bfloat16",
         "store_dtype": "bfloat16",
         "shard_tokens": 65_536,

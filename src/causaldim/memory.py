@@ -5,7 +5,7 @@ measurements; benchmarks/memory.py compares them with measured peaks.
 - Model pass (eval split, the costly one): the weights, plus per sequence the activations
   autograd keeps for the blocks above the lowest harvested layer and the vocabulary-wide
   tensors (logits, their float32 copy for the loss, the loss's softmax, and each probe).
-- SAE training: float32 weights, gradients and both Adam moments (8 numbers per weight),
+- SAE training: float32 weights, gradients and both Adam moments (16 bytes per weight),
   plus one block of pre-activations.
 - Scoring and evaluation: the SAE's weights, plus per token a few dense [width] rows.
 """
@@ -91,13 +91,14 @@ def model_batch_size(need: ModelPassMemory, device: torch.device, n_sequences: i
 
 
 def sae_training_bytes(d: int, width: int, batch_tokens: int, sae_dtype: str) -> int:
-    """Peak bytes of training one SAE: 8 float32 numbers per weight (2 matrices), the
-    batch, and one block of pre-activations."""
+    """Peak bytes of training one SAE: each weight, its gradient and both Adam moments in
+    float32, the encoder cast to sae_dtype, the batch and one block of pre-activations."""
     from .sae.sparse import PRE_CHUNK_ELEMENTS
 
-    weights = 8 * 4 * (2 * d * width + 2 * width + d)
+    n_weights = 2 * d * width + 2 * width + d
+    state = 4 * 4 * n_weights + element_bytes(sae_dtype) * d * width
     pre = PRE_CHUNK_ELEMENTS * (element_bytes(sae_dtype) + 4)
-    return weights + 8 * batch_tokens * d * 4 + pre
+    return state + 8 * batch_tokens * d * 4 + pre
 
 
 def check_sae_training(d: int, widths: list[int], batch_tokens: int, sae_dtype: str, device):
