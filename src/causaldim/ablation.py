@@ -144,42 +144,39 @@ def atp_vs_ablation(
         [sequence_losses(lm, layer, b, None, threshold) for b in ids.split(batch_size)]
     )
     gen = torch.Generator().manual_seed(seed)
-    reference = min(saes)
     rows, epsilon_seq = [], None
     for width, sae in sorted(saes.items()):
         with placed(sae, lm.device):  # one SAE at a time on the model's device
             linear, fires = first_order(sae, store, len(ids))
             linear_effect = linear.abs().sum(0) / n_tokens  # [width]
-            if width == reference:
+            if width == min(saes):
                 epsilon_seq = calibrate(linear_effect, percentile)
             feats = sample_features(scores[width].atp, scores[width].fired, n_features, gen)
-            real = []
-            for i in feats.tolist():
-                seqs = fires[:, i].nonzero()[:, 0]
-                edit = zero_feature(sae, i)
-                total = 0.0
-                for b in seqs.split(batch_size) if len(seqs) else ():
-                    ablated = sequence_losses(lm, layer, ids[b], edit, threshold)
-                    total += float((ablated - clean[b]).abs().sum())
-                real.append(total / n_tokens)
-            real_t = torch.tensor(real, dtype=torch.float64, device="cpu")
-            atp = scores[width].atp[feats]
-            truly = real_t > epsilon_seq
-            by_atp = atp > epsilon
-            rows.append(
-                {
-                    "width": width,
-                    "features": feats.tolist(),
-                    "atp": atp.tolist(),
-                    "first_order": linear_effect[feats].tolist(),
-                    "real": real,
-                    "spearman_real_atp": _spearman(real_t, atp),
-                    "spearman_real_first_order": _spearman(real_t, linear_effect[feats]),
-                    "n_truly_causal": int(truly.sum()),
-                    "n_missed_by_atp": int((truly & ~by_atp).sum()),
-                    "n_false_alarms": int((~truly & by_atp).sum()),
-                }
-            )
+            real = [
+                _real_effect(
+                    lm, layer, ids, clean, fires[:, i], zero_feature(sae, i), threshold, batch_size
+                )
+                / n_tokens
+                for i in feats.tolist()
+            ]
+        real_t = torch.tensor(real, dtype=torch.float64, device="cpu")
+        atp = scores[width].atp[feats]
+        truly = real_t > epsilon_seq
+        by_atp = atp > epsilon
+        rows.append(
+            {
+                "width": width,
+                "features": feats.tolist(),
+                "atp": atp.tolist(),
+                "first_order": linear_effect[feats].tolist(),
+                "real": real,
+                "spearman_real_atp": _spearman(real_t, atp),
+                "spearman_real_first_order": _spearman(real_t, linear_effect[feats]),
+                "n_truly_causal": int(truly.sum()),
+                "n_missed_by_atp": int((truly & ~by_atp).sum()),
+                "n_false_alarms": int((~truly & by_atp).sum()),
+            }
+        )
     missed = sum(r["n_missed_by_atp"] for r in rows)
     truly_total = sum(r["n_truly_causal"] for r in rows)
     return {
@@ -194,6 +191,15 @@ def atp_vs_ablation(
             torch.tensor([v for r in rows for v in r["atp"]], device="cpu"),
         ),
     }
+
+
+def _real_effect(lm, layer, ids, clean, fires, edit, threshold, batch_size) -> float:
+    """Sum over the sequences where the feature fires of |loss(ablated) - loss(clean)|."""
+    seqs, total = fires.nonzero()[:, 0], 0.0
+    for b in seqs.split(batch_size) if len(seqs) else ():
+        ablated = sequence_losses(lm, layer, ids[b], edit, threshold)
+        total += float((ablated - clean[b]).abs().sum())
+    return total
 
 
 def _spearman(a: torch.Tensor, b: torch.Tensor) -> float | None:

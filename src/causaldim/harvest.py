@@ -218,7 +218,7 @@ class Plan(NamedTuple):
     # and folder; a layer's store does not depend on which others share its pass.
     keys: dict[int, dict]
     store_dirs: dict[int, Path]
-    pass_memory: ModelPassMemory | None = None  # the estimate the batch size came from
+    pass_memory: ModelPassMemory  # the estimate the batch size came from
 
 
 def plan(cfg: HarvestConfig, extra_layers: tuple[int, ...] = ()) -> Plan:
