@@ -210,6 +210,15 @@ def sigma_table(results: dict) -> str:
     return "\n".join(rows)
 
 
+def _hardware(config: dict) -> str:
+    h, sweep = config["harvest"], config["sweep"]
+    return (
+        f"ran on {h.get('device', 'cpu')}: model pass in {h['dtype']}, batches of "
+        f"{h['batch_size']} sequences; SAE encoder product in {sweep['sae_dtype']}; SAE jobs "
+        + ("on Ray" if sweep.get("executor") == "ray" else "in process")
+    )
+
+
 def summary(results: dict) -> str:
     """The few lines printed at the end of a run."""
     arch = results["headline"]
@@ -516,6 +525,7 @@ def build_report(results: dict, figures: dict[str, Path]) -> Doc:
         f"store {results['inputs']['store']['path']} "
         f"({'reused' if s['reused'] else 'written by this run'}), manifest sha256 "
         f"{results['inputs']['store']['manifest_sha256']}",
+        _hardware(results["config"]),
         "versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()),
         "seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in results["seconds"].items()),
     ]
