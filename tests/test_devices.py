@@ -136,7 +136,15 @@ def test_every_tensor_a_stage_makes_names_its_device(tiny_lm_store, tmp_path):
     stage fails. Here the default device is 'meta' while every stage runs on the CPU:
     such a tensor is a meta tensor beside CPU ones, and fails the same way."""
     lm, store = tiny_lm_store(1024)
-    sweep = SweepConfig(widths=[64], k=4, epochs=1, batch_tokens=128, ce_sequences=0)
+    sweep = SweepConfig(  # every architecture; features dead after 64 tokens, so AuxK runs
+        widths=[64],
+        architectures=["topk", "jumprelu", "relu"],
+        k=4,
+        epochs=1,
+        batch_tokens=128,
+        dead_tokens=64,
+        ce_sequences=0,
+    )
     ids, gen = eval_sequences(store, 4), torch.Generator().manual_seed(0)
     with torch.device("meta"):
         entries = run_sweep(store, tmp_path, sweep, progress=False, executor=LocalExecutor("cpu"))
