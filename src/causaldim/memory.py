@@ -101,17 +101,20 @@ def sae_training_bytes(d: int, width: int, batch_tokens: int, sae_dtype: str) ->
     return state + 8 * batch_tokens * d * 4 + pre
 
 
-def check_sae_training(d: int, widths: list[int], batch_tokens: int, sae_dtype: str, device):
-    """UsageError naming the fix if the widest SAE cannot be trained on device."""
+def check_sae_training(
+    d: int, widths: list[int], batch_tokens: int, sae_dtype: str, device, beside: int = 0
+):
+    """UsageError naming the fix if the widest SAE cannot be trained on device next to
+    `beside` bytes held there (the model's weights, kept for splicing)."""
     width = max(widths)
     need = sae_training_bytes(d, width, batch_tokens, sae_dtype)
     free = memory(device)[1]
-    if need > HEADROOM * free:
+    if need + beside > HEADROOM * free:
         raise UsageError(
             f"training the {width:,}-wide SAE needs about {_gib(need)} GiB on {device} "
-            f"(float32 weights, gradients and Adam moments), which has {_gib(free)} GiB "
-            "free; drop that width from --widths, load trained SAEs with --sae-paths, or "
-            "use a device with more memory"
+            f"(float32 weights, gradients and Adam moments) beside {_gib(beside)} GiB of "
+            f"model weights, and it has {_gib(free)} GiB free; drop that width from "
+            "--widths, load trained SAEs with --sae-paths, or use a device with more memory"
         )
 
 

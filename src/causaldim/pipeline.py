@@ -80,6 +80,7 @@ def check(cfg: HarvestConfig, sweep_cfg: SweepConfig, analysis_cfg: AnalysisConf
             sweep_cfg.batch_tokens,
             sweep_cfg.sae_dtype,
             device,
+            beside=main.pass_memory.weights,
         )
     for path in sweep_cfg.sae_paths:
         if (d := peek_d_in(Path(path))) != main.source.d_model:
