@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from reference import reference_grad
 from safetensors import safe_open
 
@@ -85,6 +87,39 @@ def test_outliers_are_flagged_and_dropped(harvest_config):
     assert len(kept) == store.n_tokens("eval", drop_outliers=True)
     assert (kept != 0).all()
     assert 0 <= o["variance_share"] <= 1
+
+
+@pytest.fixture(scope="module")
+def sharded_store(tmp_path_factory, tiny_model, text_corpus):
+    """The eval split in shards of 64 tokens, with outliers (every position 0) in each."""
+    from causaldim.config import HarvestConfig
+
+    cfg = HarvestConfig(
+        model=tiny_model("llama"),
+        corpus=str(text_corpus),
+        tokens=2048,
+        seq_len=32,
+        batch_size=4,
+        shard_tokens=64,
+        eval_fraction=0.25,
+        out=str(tmp_path_factory.mktemp("sharded")),
+    )
+    return harvest(cfg, progress=False).store
+
+
+@settings(max_examples=40, deadline=None)
+@given(batch_tokens=st.integers(1, 700), drop=st.booleans())
+def test_batches_stream_every_kept_token_once_in_order(sharded_store, batch_tokens, drop):
+    shards = list(sharded_store.shards("eval", ("h", "seq", "outlier")))
+    assert len(shards) >= 3  # batches span shard boundaries
+    rows = {
+        k: torch.cat([s[k][~s["outlier"]] if drop else s[k] for s in shards]) for k in ("h", "seq")
+    }
+    batches = list(sharded_store.batches("eval", ("h", "seq"), batch_tokens, drop))
+    assert [len(b["h"]) for b in batches[:-1]] == [batch_tokens] * (len(batches) - 1)
+    assert 0 < len(batches[-1]["h"]) <= batch_tokens
+    for k in ("h", "seq"):
+        assert torch.equal(torch.cat([b[k] for b in batches]), rows[k])
 
 
 def test_rerun_reuses_and_another_layer_does_not(harvest_config):

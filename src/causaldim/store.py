@@ -152,24 +152,33 @@ class Store:
         batch_tokens: int = 4096,
         drop_outliers: bool = True,
     ) -> Iterator[dict[str, torch.Tensor]]:
-        """Streams tokens in order, batch_tokens at a time (the last batch may be short)."""
+        """Streams tokens in order, batch_tokens at a time (the last batch may be short).
+        A batch within one shard is a view of it; only batches that span two shards are
+        copied (re-joining a shard's remainder for every batch copied it 8x over)."""
         read = tuple(dict.fromkeys((*fields, "outlier") if drop_outliers else fields))
-        pending: dict[str, list[torch.Tensor]] = {name: [] for name in fields}
+        pending: list[dict[str, torch.Tensor]] = []  # pieces of the next batch
         count = 0
         for shard in self.shards(split, read):
             if drop_outliers:
                 keep = ~shard["outlier"]
                 shard = {name: shard[name][keep] for name in fields}
-            for name in fields:
-                pending[name].append(shard[name])
-            count += len(shard[fields[0]])
-            while count >= batch_tokens:
-                merged = {name: torch.cat(parts) for name, parts in pending.items()}
-                yield {name: col[:batch_tokens] for name, col in merged.items()}
-                pending = {name: [col[batch_tokens:]] for name, col in merged.items()}
-                count -= batch_tokens
+            start, n = 0, len(shard[fields[0]])
+            while count + n - start >= batch_tokens:
+                take = batch_tokens - count
+                pending.append({name: shard[name][start : start + take] for name in fields})
+                yield _joined(pending, fields)
+                pending, count, start = [], 0, start + take
+            if start < n:
+                pending.append({name: shard[name][start:] for name in fields})
+                count += n - start
         if count:
-            yield {name: torch.cat(parts) for name, parts in pending.items()}
+            yield _joined(pending, fields)
+
+
+def _joined(pieces: list[dict[str, torch.Tensor]], fields) -> dict[str, torch.Tensor]:
+    if len(pieces) == 1:
+        return pieces[0]
+    return {name: torch.cat([p[name] for p in pieces]) for name in fields}
 
 
 def write_store(
