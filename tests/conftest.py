@@ -163,12 +163,13 @@ def tiny_model(tmp_path_factory):
     return build
 
 
-@pytest.fixture
-def harvest_config(tmp_path, tiny_model, text_corpus):
-    """Factory: a small harvest of the tiny Llama on the text corpus, overridable."""
+@pytest.fixture(scope="session")
+def tiny_harvest(tiny_model, text_corpus):
+    """Factory: the config of a small harvest of the tiny Llama on the text corpus into
+    out, overridable."""
     from causaldim.config import HarvestConfig
 
-    def make(**overrides) -> HarvestConfig:
+    def make(out, **overrides) -> HarvestConfig:
         base = dict(
             model=tiny_model("llama"),
             corpus=str(text_corpus),
@@ -177,32 +178,37 @@ def harvest_config(tmp_path, tiny_model, text_corpus):
             batch_size=4,
             shard_tokens=256,
             eval_fraction=0.25,
-            out=str(tmp_path / "run"),
+            out=str(out),
         )
         return HarvestConfig(**{**base, **overrides})
 
     return make
 
 
+@pytest.fixture
+def harvest_config(tmp_path, tiny_harvest):
+    """Factory: tiny_harvest, by default into this test's folder."""
+
+    def make(out=None, **overrides):
+        return tiny_harvest(out or tmp_path / "run", **overrides)
+
+    return make
+
+
 @pytest.fixture(scope="session")
-def tiny_lm_store(tmp_path_factory, tiny_model, text_corpus):
+def tiny_lm_store(tmp_path_factory, tiny_harvest):
     """Factory: the tiny Llama loaded, and a small store of it without probes (for
     ablations), one per token count."""
-    from causaldim.config import HarvestConfig
     from causaldim.harvest import harvest
     from causaldim.models import load_model, resolve_model
 
     def make(tokens: int):
-        cfg = HarvestConfig(
-            model=tiny_model("llama"),
-            corpus=str(text_corpus),
+        cfg = tiny_harvest(
+            tmp_path_factory.mktemp(f"lm-store-{tokens}"),
             tokens=tokens,
-            seq_len=32,
-            batch_size=4,
-            eval_fraction=0.25,
+            shard_tokens=16_384,
             logit_probes=0,
             fisher_probes=0,
-            out=str(tmp_path_factory.mktemp(f"lm-store-{tokens}")),
         )
         store = harvest(cfg, progress=False).store
         return load_model(resolve_model(cfg.model)), store

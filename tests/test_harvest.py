@@ -90,20 +90,9 @@ def test_outliers_are_flagged_and_dropped(harvest_config):
 
 
 @pytest.fixture(scope="module")
-def sharded_store(tmp_path_factory, tiny_model, text_corpus):
+def sharded_store(tmp_path_factory, tiny_harvest):
     """The eval split in shards of 64 tokens, with outliers (every position 0) in each."""
-    from causaldim.config import HarvestConfig
-
-    cfg = HarvestConfig(
-        model=tiny_model("llama"),
-        corpus=str(text_corpus),
-        tokens=2048,
-        seq_len=32,
-        batch_size=4,
-        shard_tokens=64,
-        eval_fraction=0.25,
-        out=str(tmp_path_factory.mktemp("sharded")),
-    )
+    cfg = tiny_harvest(tmp_path_factory.mktemp("sharded"), shard_tokens=64)
     return harvest(cfg, progress=False).store
 
 

@@ -241,9 +241,6 @@ def _print_plan(the_plan, sweep_cfg, analysis_cfg) -> None:
 
 
 def _cmd_train(args) -> int:
-    import torch
-
-    from .devices import resolve_dtype
     from .executors import LocalExecutor
     from .harvest import harvest, plan
     from .sae.sweep import run_sweep
@@ -252,8 +249,6 @@ def _cmd_train(args) -> int:
     sweep_cfg.check()
     the_plan = plan(cfg)
     cfg = the_plan.config  # device, dtype and batch size resolved
-    device = torch.device(cfg.device)
-    sweep_cfg = dataclasses.replace(sweep_cfg, sae_dtype=resolve_dtype(sweep_cfg.sae_dtype, device))
     store = harvest(cfg, progress=not args.quiet, the_plan=the_plan).store
     entries = run_sweep(
         store,
