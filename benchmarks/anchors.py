@@ -63,7 +63,7 @@ ANCHORS_PYTHON = HERE / ".venv-anchors" / "bin" / "python"
 def load_activations(store: str, n_tokens: int, read_batch: int = 8192) -> torch.Tensor:
     """The first n_tokens train-split residuals (outliers dropped), centred and scaled so
     that E||x||^2 = d. Fewer are returned if the split is smaller (batches then cycle)."""
-    from causaldim.store import Store
+    from causaldim.harvest.store import Store
 
     rows, have = [], 0
     for batch in Store(store).batches("train", ("h",), read_batch):

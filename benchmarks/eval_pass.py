@@ -19,9 +19,19 @@ import time
 
 import torch
 
-from causaldim.corpus import load_corpus, tokenize
-from causaldim.harvest import residuals, residuals_and_grads
-from causaldim.models import load_model, resolve_model
+from causaldim.harvest.model_pass import grads_at, residuals_at
+from causaldim.model.corpus import load_corpus, tokenize
+from causaldim.model.load import load_model, resolve_model
+
+
+def eval_pass(lm, layer, ids):
+    """causaldim's eval pass at one layer."""
+    return grads_at(lm, (layer,), ids)[layer]
+
+
+def train_pass(lm, layer, ids):
+    """causaldim's train pass at one layer: the forward stopped there."""
+    return residuals_at(lm, (layer,), ids)[layer]
 
 
 def naive_eval(lm, layer, ids):
@@ -94,7 +104,7 @@ def main() -> None:
     )
     compare(
         "eval pass (h, g) vs full fwd+bwd with weight grads",
-        residuals_and_grads,
+        eval_pass,
         naive_eval,
         lm,
         layer,
@@ -103,7 +113,7 @@ def main() -> None:
     )
     compare(
         "train pass (h)   vs full forward                  ",
-        residuals,
+        train_pass,
         full_forward,
         lm,
         layer,

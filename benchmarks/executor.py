@@ -19,9 +19,9 @@ from pathlib import Path
 
 from causaldim.config import SweepConfig
 from causaldim.executors import LocalExecutor, RayExecutor
+from causaldim.harvest.store import Store
+from causaldim.measure.sweep import run_sweep
 from causaldim.sae.formats import read_meta
-from causaldim.sae.sweep import run_sweep
-from causaldim.store import Store
 
 
 def default_store() -> Path:

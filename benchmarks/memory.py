@@ -22,11 +22,11 @@ import sys
 
 import torch
 
-from causaldim.corpus import load_corpus, tokenize
 from causaldim.devices import resolve_device, resolve_dtype
-from causaldim.harvest import grads_at
+from causaldim.harvest.model_pass import grads_at
 from causaldim.memory import model_pass_memory, sae_training_bytes
-from causaldim.models import load_model, resolve_model, skeleton
+from causaldim.model.corpus import load_corpus, tokenize
+from causaldim.model.load import load_model, resolve_model, skeleton
 
 
 def _status(field: str) -> int:

@@ -17,9 +17,9 @@ import torch
 from timing import sync
 
 from causaldim.devices import describe, resolve_device, resolve_dtype
-from causaldim.harvest import grads_at, residuals_at
+from causaldim.harvest.model_pass import grads_at, residuals_at
 from causaldim.memory import model_batch_size, model_pass_memory
-from causaldim.models import LoadedModel
+from causaldim.model.load import LoadedModel
 
 SHAPES = {
     "tiny": (

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from causaldim.report import load_results
+from causaldim.report.results import load_results
 
 
 def rel(a: float, b: float) -> str:

@@ -18,10 +18,12 @@ import torch
 from timing import median_time
 
 from causaldim.config import AnalysisConfig, HarvestConfig
-from causaldim.corpus import load_corpus, tokenize
-from causaldim.harvest import harvest, residuals_and_grads, tap_blocks
-from causaldim.models import load_model, resolve_model
-from causaldim.sigma import accumulate
+from causaldim.harvest import harvest
+from causaldim.harvest.model_pass import grads_at
+from causaldim.measure.sigma import accumulate
+from causaldim.model.corpus import load_corpus, tokenize
+from causaldim.model.hooks import tap_blocks
+from causaldim.model.load import load_model, resolve_model
 
 
 def forward_only(lm, layer, ids):
@@ -46,7 +48,7 @@ def main() -> None:
     forward_only(lm, layer, ids)  # warm-up
 
     t_fwd = median_time(lambda: forward_only(lm, layer, ids), args.reps)
-    t_loss = median_time(lambda: residuals_and_grads(lm, layer, ids), args.reps)
+    t_loss = median_time(lambda: grads_at(lm, (layer,), ids)[layer], args.reps)
     t_back = t_loss - t_fwd
     print(
         f"{args.model} layer {layer}, batch {args.batch_size}x{args.seq_len}, median of {args.reps}"
@@ -54,7 +56,7 @@ def main() -> None:
     print(f"forward {t_fwd:.2f} s; loss backward down to L {t_back:.2f} s")
     for kind, k in (("logits", 1), ("logits", 4), ("fisher", 1), ("fisher", 4)):
         probes = (k, 0) if kind == "logits" else (0, k)
-        t = median_time(lambda p=probes: residuals_and_grads(lm, layer, ids, *p, gen), args.reps)
+        t = median_time(lambda p=probes: grads_at(lm, (layer,), ids, *p, gen)[layer], args.reps)
         per_probe = (t - t_loss) / k
         print(
             f"{kind} K={k}: pass {t:.2f} s, {per_probe:.2f} s per probe = "

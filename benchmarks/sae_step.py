@@ -20,9 +20,9 @@ import torch
 from timing import StepClock, median_time
 
 from causaldim.devices import describe, resolve_device
+from causaldim.harvest.store import Store
 from causaldim.sae import SAEConfig, build
 from causaldim.sae.train import Normalizer, TrainSettings, train_sae
-from causaldim.store import Store
 
 
 def activations(store: str | None, d: int, n: int) -> torch.Tensor:

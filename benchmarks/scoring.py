@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 
-from causaldim.harvest import residuals_and_grads
-from causaldim.models import load_model, resolve_model
+from causaldim.harvest.model_pass import grads_at
+from causaldim.harvest.store import Store
+from causaldim.measure.score import atp_scores
+from causaldim.model.load import load_model, resolve_model
 from causaldim.sae.formats import load
-from causaldim.score import atp_scores
-from causaldim.store import Store
 
 
 def main() -> None:
@@ -51,7 +51,7 @@ def main() -> None:
     ids = rows[: args.sequences]
     t = time.perf_counter()
     for sae in saes.values():
-        grads = residuals_and_grads(lm, m["layer"], ids)
+        grads = grads_at(lm, (m["layer"],), ids)[m["layer"]]
         h, g = grads.h.flatten(0, 1), grads.g.flatten(0, 1)
         with torch.no_grad():
             (sae.encode(h) * (g @ sae.W_dec.T)).abs().sum(0)

@@ -200,7 +200,7 @@ def tiny_lm_store(tmp_path_factory, tiny_harvest):
     """Factory: the tiny Llama loaded, and a small store of it without probes (for
     ablations), one per token count."""
     from causaldim.harvest import harvest
-    from causaldim.models import load_model, resolve_model
+    from causaldim.model.load import load_model, resolve_model
 
     def make(tokens: int):
         cfg = tiny_harvest(

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from causaldim.ablation import atp_vs_ablation, eval_sequences, first_order, sample_features
+from causaldim.controls.ablation import atp_vs_ablation, first_order, sample_features
+from causaldim.measure.score import atp_scores
 from causaldim.sae import SAEConfig, build
-from causaldim.score import atp_scores
 
 
 def patched_loss_by_hand(lm, layer, ids, sae, feature, threshold) -> float:
@@ -48,7 +48,7 @@ def test_real_ablation_matches_a_hand_written_patching_loop(tiny_sweep):
     lm, store, saes = tiny_sweep
     scores = {m: atp_scores(sae, store, blocks=4) for m, sae in saes.items()}
     out = atp_vs_ablation(lm, store, saes, scores, 1e-3, 90.0, n_features=6, n_sequences=3)
-    ids = eval_sequences(store, 3)
+    ids = store.token_ids("eval", 3)
     layer, threshold = store.manifest["layer"], store.manifest["outliers"]["threshold"]
     n_tokens = 3 * (ids.shape[1] - 1)
     for row in out["rows"]:
@@ -69,7 +69,7 @@ def test_first_order_is_the_linear_part_of_the_real_effect(tiny_sweep):
     order: real / s approaches the store's first-order sum as s -> 0."""
     lm, store, saes = tiny_sweep
     sae = saes[48]
-    ids = eval_sequences(store, 2)
+    ids = store.token_ids("eval", 2)
     linear, fires = first_order(sae, store, 2)
     feature = int(linear.abs().sum(0).argmax())
     layer, threshold = store.manifest["layer"], store.manifest["outliers"]["threshold"]

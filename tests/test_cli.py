@@ -7,8 +7,9 @@ import os
 
 import pytest
 
-from causaldim import cli, models
-from causaldim import harvest as harvest_mod
+from causaldim import cli
+from causaldim.harvest import write as harvest_mod
+from causaldim.model import load as models
 
 
 def snapshot(root):

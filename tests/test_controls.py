@@ -5,12 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from causaldim.controls.four_cell import four_cell, randomized
 
-from causaldim import controls
 from causaldim.config import AnalysisConfig
+from causaldim.controls.geometry import geometric_privilege
+from causaldim.controls.l0 import matched_l0
+from causaldim.controls.thresholds import PERCENTILES, threshold_robustness
+from causaldim.harvest.store import write_store
+from causaldim.measure.score import Scores, atp_scores
+from causaldim.measure.stats import auc
 from causaldim.sae import SAEConfig, build
-from causaldim.score import Scores, atp_scores
-from causaldim.store import write_store
 
 D, SEQ = 16, 16
 
@@ -49,7 +53,7 @@ def identity_sae(arch="topk"):
 def test_four_cell_ablation_on_a_known_dictionary(tmp_path):
     store = planted(tmp_path)
     cfg = AnalysisConfig(blocks=4)
-    out = controls.four_cell({D: identity_sae()}, store, 1e-6, cfg, seed=0)
+    out = four_cell({D: identity_sae()}, store, 1e-6, cfg, seed=0)
     cells = out["rows"][0]["cells"]
     # Trained decoder: only feature 0 moves the loss, whatever the encoder picks.
     assert cells["trained/trained"]["n_causal"] == 1
@@ -68,7 +72,7 @@ def test_a_random_encoder_is_orthonormal_and_keeps_each_features_norms():
         sae.reset(torch.Generator().manual_seed(1))
         with torch.no_grad():
             sae.W_enc_t.mul_(torch.rand(width, 1) + 0.5)
-        r = controls.randomized(sae, True, True, gen, torch.randn(64, D))
+        r = randomized(sae, True, True, gen, torch.randn(64, D))
         if width <= D:  # orthonormal directions (beyond d: rows of an orthonormal basis)
             w = r.W_enc_t.double() / r.W_enc_t.double().norm(dim=1, keepdim=True)
             assert torch.allclose(w @ w.T, torch.eye(width, dtype=torch.float64), atol=1e-5)
@@ -83,7 +87,7 @@ def test_a_random_threshold_encoder_is_brought_back_to_the_trained_l0(tmp_path):
     with torch.no_grad():
         sae.b_enc.fill_(-0.5)  # codes are 0 or >= 1: L0 is exactly 2
     x = next(store.batches("train", ("h",), 1024))["h"]
-    r = controls.randomized(sae, True, False, torch.Generator().manual_seed(0), x)
+    r = randomized(sae, True, False, torch.Generator().manual_seed(0), x)
     l0 = float((r.encode(x) > 0).sum(-1).float().mean())
     assert l0 == pytest.approx(2.0, rel=0.05)
 
@@ -97,9 +101,9 @@ def test_threshold_robustness_is_monotone_in_the_percentile(tmp_path):
         saes[width] = sae.requires_grad_(False)
     scores = {m: atp_scores(sae, store, blocks=8) for m, sae in saes.items()}
     evals = {m: {"l0": 2.0} for m in saes}
-    out = controls.threshold_robustness(scores, evals, D, AnalysisConfig(bootstrap=20), seed=0)
+    out = threshold_robustness(scores, evals, D, AnalysisConfig(bootstrap=20), seed=0)
     rows = out["rows"]
-    assert [r["percentile"] for r in rows] == list(controls.PERCENTILES)
+    assert [r["percentile"] for r in rows] == list(PERCENTILES)
     eps = [r["epsilon"] for r in rows]
     assert eps == sorted(eps) and eps[0] < eps[-1]
     for j in range(3):  # a higher bar never counts more features
@@ -112,7 +116,7 @@ def test_threshold_robustness_is_monotone_in_the_percentile(tmp_path):
 
 def test_matched_l0_flags_what_strays_beyond_ten_percent():
     evals = {"topk": {16: {"l0": 32.0}}, "relu": {16: {"l0": 35.0}, 32: {"l0": 28.0}}}
-    out = controls.matched_l0(evals, 32.0)
+    out = matched_l0(evals, 32.0)
     flags = {(r["architecture"], r["width"]): r["flagged"] for r in out["rows"]}
     assert flags == {("topk", 16): False, ("relu", 16): False, ("relu", 32): True}
     assert out["n_flagged"] == 1
@@ -136,7 +140,7 @@ def test_geometric_privilege_finds_a_planted_difference_and_not_a_missing_one():
             torch.tensor([2]),
         )
     }
-    out = controls.geometric_privilege({width: sae}, scores, 0.5, seed=0, resamples=50)
+    out = geometric_privilege({width: sae}, scores, 0.5, seed=0, resamples=50)
     row = out["rows"][0]
     assert row["decoder_norm"]["n_causal"] == 40 and row["decoder_norm"]["n_other"] == 160
     assert row["decoder_norm"]["auc"] == 1.0
@@ -145,5 +149,5 @@ def test_geometric_privilege_finds_a_planted_difference_and_not_a_missing_one():
 
 
 def test_auc_is_a_probability_of_superiority():
-    assert controls.auc(np.array([3.0, 4.0]), np.array([1.0, 2.0])) == 1.0
-    assert controls.auc(np.array([1.0]), np.array([1.0])) == 0.5
+    assert auc(np.array([3.0, 4.0]), np.array([1.0, 2.0])) == 1.0
+    assert auc(np.array([1.0]), np.array([1.0])) == 0.5

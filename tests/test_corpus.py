@@ -9,9 +9,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from causaldim.corpus import builtin_corpus, load_corpus, split, tokenize
 from causaldim.errors import UsageError
-from causaldim.models import load_tokenizer, resolve_model
+from causaldim.model.corpus import builtin_corpus, load_corpus, split, tokenize
+from causaldim.model.load import load_tokenizer, resolve_model
 
 
 def test_builtin_corpus_is_deterministic_and_large():

@@ -12,19 +12,20 @@ import torch
 from test_faults import args_for, numbers
 
 from causaldim import cli, devices, memory
-from causaldim.ablation import atp_vs_ablation, eval_sequences
 from causaldim.config import AnalysisConfig, SweepConfig
+from causaldim.controls.ablation import atp_vs_ablation
+from causaldim.controls.task import task_recovery
 from causaldim.devices import resolve_device, resolve_dtype
 from causaldim.errors import UsageError
 from causaldim.executors import LocalExecutor
-from causaldim.harvest import grads_at, plan, residuals_at
+from causaldim.harvest import plan
+from causaldim.harvest.model_pass import grads_at, residuals_at
+from causaldim.measure.score import ScoreJob, load_scores, score_job
+from causaldim.measure.sigma import measure
+from causaldim.measure.splice import ce_loss_recovered
+from causaldim.measure.sweep import load_entries, run_sweep
 from causaldim.memory import ModelPassMemory, model_batch_size
 from causaldim.pipeline import check
-from causaldim.sae.sweep import load_entries, run_sweep
-from causaldim.score import ScoreJob, load_scores, score_job
-from causaldim.sigma import measure
-from causaldim.splice import ce_loss_recovered
-from causaldim.task import task_recovery
 
 CUDA = torch.cuda.is_available()
 GiB = 2**30
@@ -83,7 +84,7 @@ def test_the_batch_fills_the_memory_left_after_the_weights():
 
 
 def test_the_estimate_grows_with_what_the_pass_holds(tiny_model):
-    from causaldim.models import resolve_model
+    from causaldim.model.load import resolve_model
 
     config, cpu = resolve_model(tiny_model("llama")).config, torch.device("cpu")
 
@@ -145,7 +146,7 @@ def test_every_tensor_a_stage_makes_names_its_device(tiny_lm_store, tmp_path):
         dead_tokens=64,
         ce_sequences=0,
     )
-    ids, gen = eval_sequences(store, 4), torch.Generator().manual_seed(0)
+    ids, gen = store.token_ids("eval", 4), torch.Generator().manual_seed(0)
     with torch.device("meta"):
         entries = run_sweep(store, tmp_path, sweep, progress=False, executor=LocalExecutor("cpu"))
         job = ScoreJob(str(store.root), str(entries[0].folder), 4, 512, str(tmp_path / "s"))

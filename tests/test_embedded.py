@@ -10,10 +10,11 @@ from reference import reference_atp, reference_grad
 
 from causaldim import cli
 from causaldim.config import HarvestConfig
-from causaldim.harvest import harvest, residuals_and_grads
-from causaldim.models import fingerprint, load_model, resolve_model
+from causaldim.harvest import harvest
+from causaldim.harvest.model_pass import grads_at
+from causaldim.measure.score import atp_scores
+from causaldim.model.load import fingerprint, load_model, resolve_model
 from causaldim.sae import SAEConfig, build
-from causaldim.score import atp_scores
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +35,7 @@ def test_embedded_gradient_matches_autograd(smollm):
     ids = smollm.tokenizer(
         "The cat sat on the mat because it was tired.", return_tensors="pt"
     ).input_ids
-    ours = residuals_and_grads(smollm, 15, ids)
+    ours = grads_at(smollm, (15,), ids)[15]
     _, g = reference_grad(smollm, 15, ids)
     assert (ours.g - g).norm() / g.norm() < 1e-5
 

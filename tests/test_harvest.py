@@ -9,9 +9,10 @@ from hypothesis import strategies as st
 from reference import reference_grad
 from safetensors import safe_open
 
-from causaldim.harvest import harvest, plan, residuals, residuals_and_grads
-from causaldim.models import load_model, resolve_model
-from causaldim.store import Store, StoreError
+from causaldim.harvest import harvest, plan
+from causaldim.harvest.model_pass import grads_at, residuals_at
+from causaldim.harvest.store import Store, StoreError
+from causaldim.model.load import load_model, resolve_model
 
 FAMILIES = ["llama", "gemma2", "gpt2", "gpt_neox", "qwen2"]
 
@@ -21,7 +22,7 @@ def test_gradient_equals_autograd_on_the_unmodified_model(tiny_model, family):
     lm = load_model(resolve_model(tiny_model(family)))
     ids = torch.randint(0, 320, (3, 24))
     for layer in (0, 2):
-        ours = residuals_and_grads(lm, layer, ids)
+        ours = grads_at(lm, (layer,), ids)[layer]
         h_ref, g_ref = reference_grad(lm, layer, ids)
         assert torch.equal(ours.h, h_ref)
         rel = (ours.g - g_ref).norm() / g_ref.norm()
@@ -35,7 +36,7 @@ def test_gradient_equals_autograd_on_the_unmodified_model(tiny_model, family):
 def test_stopped_forward_gives_the_full_forward_residual(tiny_model, family):
     lm = load_model(resolve_model(tiny_model(family)))
     ids = torch.randint(0, 320, (2, 16))
-    h = residuals(lm, 1, ids)
+    h = residuals_at(lm, (1,), ids)[1]
     h_ref, _ = reference_grad(lm, 1, ids)
     assert torch.equal(h, h_ref)
 
@@ -57,7 +58,7 @@ def test_store_holds_what_the_pass_computed(harvest_config):
     # Recompute the eval split's first sequences directly and compare with the store.
     p = plan(cfg)
     lm = load_model(p.source)
-    direct = residuals_and_grads(lm, p.layer, p.splits.eval[:4])
+    direct = grads_at(lm, (p.layer,), p.splits.eval[:4])[p.layer]
     first = next(store.batches("eval", ("h", "g", "token", "pos", "seq"), 128, False))
     assert torch.allclose(first["h"], direct.h.flatten(0, 1))
     assert torch.allclose(first["g"], direct.g.flatten(0, 1))

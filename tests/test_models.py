@@ -7,9 +7,9 @@ import importlib.util
 import pytest
 import torch
 
-from causaldim import models
 from causaldim.errors import UsageError
-from causaldim.models import (
+from causaldim.model import load as models
+from causaldim.model.load import (
     decoder_layers,
     fingerprint,
     layers_path_for,
@@ -84,7 +84,7 @@ def test_loaded_model_runs(tiny_model):
 
 def test_a_damaged_conversion_is_removed_and_made_again(tmp_path, capsys):
     from causaldim.fileio import atomic_write_json, sha256_file
-    from causaldim.models import CONVERTED_HASHED, CONVERTED_MARK, _conversion_intact
+    from causaldim.model.load import CONVERTED_HASHED, CONVERTED_MARK, _conversion_intact
 
     folder = tmp_path / "converted"
     folder.mkdir()

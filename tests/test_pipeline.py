@@ -235,7 +235,7 @@ def test_controls_all_add_a_section_and_a_figure_each(tmp_path, tiny_model, text
 
 
 def test_depth_and_scale_measure_other_layers_and_a_second_model(tmp_path, tiny_model, text_corpus):
-    from causaldim.structure import matched_layer
+    from causaldim.controls.scale import matched_layer
 
     out = tmp_path / "run"
     bigger = tiny_model("llama", n_layers=6, d=48)  # two random-init sizes of one family

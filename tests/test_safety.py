@@ -14,8 +14,8 @@ from test_faults import args_for, numbers
 import causaldim
 from causaldim import cli
 from causaldim.config import SweepConfig
-from causaldim.sae.sweep import run_sweep
-from causaldim.store import write_store
+from causaldim.harvest.store import write_store
+from causaldim.measure.sweep import run_sweep
 
 
 def test_the_same_config_gives_the_same_numbers(tmp_path, tiny_model, text_corpus):

@@ -6,9 +6,9 @@ import torch
 from reference import reference_atp
 
 from causaldim.harvest import harvest
-from causaldim.models import load_model, resolve_model
+from causaldim.measure.score import atp_scores
+from causaldim.model.load import load_model, resolve_model
 from causaldim.sae import SAEConfig, build
-from causaldim.score import atp_scores
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -8,14 +8,10 @@ import pytest
 import torch
 
 from causaldim.config import AnalysisConfig
-from causaldim.harvest import (
-    fisher_probes_for,
-    gaussian_probes,
-    harvest,
-    residuals_and_grads,
-)
-from causaldim.models import load_model, resolve_model
-from causaldim.sigma import BlockSums, accumulate, estimate, measure, spectrum
+from causaldim.harvest import harvest
+from causaldim.harvest.model_pass import fisher_probes_for, gaussian_probes, grads_at
+from causaldim.measure.sigma import BlockSums, accumulate, estimate, measure, spectrum
+from causaldim.model.load import load_model, resolve_model
 
 D = 48
 
@@ -120,7 +116,7 @@ def tiny_exact(tiny_model):
     lm = load_model(resolve_model(tiny_model("llama")))
     ids = torch.randint(0, 320, (1, 6), generator=torch.Generator().manual_seed(3))
     layer = 1
-    out = residuals_and_grads(lm, layer, ids)
+    out = grads_at(lm, (layer,), ids)[layer]
     jac = torch.autograd.functional.jacobian(_logits_of_h(lm, layer, ids), out.h)
     t, d = ids.shape[1], out.h.shape[-1]
     jac = jac.reshape(t, -1, t, d)  # [out position, vocab, in position, d]
@@ -141,9 +137,8 @@ def test_probes_match_exact_pullback_with_monte_carlo_error(tiny_exact, reading)
     gen = torch.Generator().manual_seed(4)
     draws = []  # one probe per draw: X_k = mean_t u_t u_t^T
     for _ in range(64):
-        out = residuals_and_grads(
-            lm, layer, ids, *((4, 0) if reading == "logits" else (0, 4)), generator=gen
-        )
+        probes = (4, 0) if reading == "logits" else (0, 4)
+        out = grads_at(lm, (layer,), ids, *probes, generator=gen)[layer]
         u = out.u_logits if reading == "logits" else out.u_fisher  # [1, T, 4, d]
         for k in range(4):
             uk = u[0, :, k]
@@ -224,7 +219,7 @@ def test_planted_jacobian_through_the_model_pass(tiny_model):
     sums = BlockSums(32, 8)
     for i in range(32):
         ids = torch.randint(0, 320, (8, 32), generator=gen)
-        out = residuals_and_grads(lm, layer, ids, logit_probes=1, generator=gen)
+        out = grads_at(lm, (layer,), ids, logit_probes=1, generator=gen)[layer]
         sums.add(i % 8, out.u_logits.reshape(-1, 32))
     est = estimate("logits", sums, AnalysisConfig(bootstrap=0))
     truth = spectrum(lam)

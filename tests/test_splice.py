@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from reference import reference_grad
 
-from causaldim.models import load_model, resolve_model
-from causaldim.splice import ce_loss_recovered, spliced_loss
+from causaldim.measure.splice import ce_loss_recovered, spliced_loss
+from causaldim.model.load import load_model, resolve_model
 
 
 def test_identity_splice_is_the_clean_model_and_mean_is_the_floor(tiny_model):

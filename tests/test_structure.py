@@ -6,14 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from causaldim.score import Scores
-from causaldim.structure import (
-    default_depth_layers,
-    ks_shape,
-    matched_layer,
-    normalised_log_atp,
-    scale_comparison,
-)
+from causaldim.controls.depth import default_depth_layers
+from causaldim.controls.scale import ks_shape, matched_layer, normalised_log_atp, scale_comparison
+from causaldim.measure.score import Scores
 
 
 def scores_from(atp: np.ndarray) -> Scores:

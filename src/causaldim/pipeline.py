@@ -1,13 +1,16 @@
 """`causaldim run`: the stages in order, each reading what the one before wrote, ending
 in results.json (the single source of every number and figure of the report).
 
-corpus -> store (harvest) -> direct Sigma -> SAE sweep -> AtP scores -> counts and fits
-       -> results.json -> figures, report.md, report.html
+check (no weights) -> harvest (the model pass, or a finished store) -> measure the layer
+(direct Sigma, SAE sweep, CE loss recovered, AtP scores, counts and fits) -> controls
+-> results.json -> figures, report.md, report.html
+
+`causaldim harvest` and `causaldim train` run the first stages of the same pipeline,
+with the same checks.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from dataclasses import replace
@@ -17,58 +20,54 @@ from typing import NamedTuple
 import torch
 from tqdm.auto import tqdm
 
-from . import __version__, faults, models
-from .ablation import eval_sequences
-from .analysis import PAPER, analyze
+from . import controls, faults
 from .config import AnalysisConfig, HarvestConfig, SweepConfig
-from .controls import run_controls
 from .costs import disk_bytes
-from .devices import resolve_device, resolve_dtype
+from .devices import resolve_dtype
 from .errors import UsageError
-from .executors import Executor, LocalExecutor, executor_for
-from .faults import fault_point
-from .fileio import sha256_file, write_sealed_json
-from .harvest import Plan, harvest, plan
+from .executors import Executor, executor_for
+from .fileio import atomic_write_json, write_sealed_json
+from .harvest import HarvestResult, Plan, Store, harvest, plan
+from .measure.layer import Measurement, measure_layer
+from .measure.score import require_gradients
+from .measure.sweep import SweepEntry, load_entries, splice_evaluation, sweep_saes
 from .memory import check_sae_training
-from .models import resolve_model
-from .report import SCHEMA, render
-from .sae import SAE
+from .model.load import LoadedModel, load_model
+from .report.render import render
+from .report.results import build_results
 from .sae.formats import peek_d_in
-from .sae.sweep import SweepEntry, import_saes, load_entries, run_sweep, splice_evaluation
-from .score import ScoreJob, Scores, load_scores, require_gradients, score_job
-from .sigma import measure
-from .store import Store
-from .structure import default_depth_layers, depth_summary, matched_layer, scale_comparison
-from .synthetic import synthetic_ground_truth
-from .task import task_recovery
-
-
-class RunResult(NamedTuple):
-    results: dict
-    path: Path  # results.json
-    outputs: list[Path]  # figures and reports
 
 
 class Plans(NamedTuple):
-    """The harvest plans (every layer the pass writes; device, dtype and batch size
-    resolved), for control 'scale' the second model's, and the sweep as it will run."""
+    """The harvest plan (every layer the pass writes; device, dtype and batch size
+    resolved), the controls' plans of other harvests, the sweep as it will run, and the
+    selected controls."""
 
     main: Plan
-    scale: Plan | None
+    side: dict[str, Plan | None]
     sweep: SweepConfig
+    controls: list[str]
 
 
-def check(cfg: HarvestConfig, sweep_cfg: SweepConfig, analysis_cfg: AnalysisConfig) -> Plans:
+def check(
+    cfg: HarvestConfig, sweep_cfg: SweepConfig, analysis_cfg: AnalysisConfig | None = None
+) -> Plans:
     """Every check that needs no weights; returns the plans."""
+    analysis_cfg = analysis_cfg or AnalysisConfig()
     sweep_cfg.check()
     analysis_cfg.check()
     analysis_cfg.check_against(sweep_cfg)
     selected = analysis_cfg.selected_controls()
-    if sweep_cfg.sae_paths and {"depth", "scale", "synthetic"} & set(selected):
+    chosen = [controls.get(name) for name in selected]
+    if sweep_cfg.sae_paths and any(c.trains_own_saes for c in chosen):
+        own = [controls.get(n).name for n in controls.NAMES if controls.get(n).trains_own_saes]
         raise UsageError(
-            "--sae-paths holds one layer's SAEs, and the depth, scale and synthetic controls "
-            "train their own; drop those controls or --sae-paths"
+            f"--sae-paths holds one layer's SAEs, and the {', '.join(own[:-1])} and {own[-1]} "
+            "controls train their own; drop those controls or --sae-paths"
         )
+    for c in chosen:
+        if c.widen_sweep is not None:
+            sweep_cfg = c.widen_sweep(sweep_cfg)
     executor_for(sweep_cfg.executor, sweep_cfg.ray_address)  # Ray installed, if asked for
     main = plan(cfg)
     device = torch.device(main.config.device)
@@ -88,53 +87,22 @@ def check(cfg: HarvestConfig, sweep_cfg: SweepConfig, analysis_cfg: AnalysisConf
                 f"--sae-paths {path}: the SAE reads d = {d}, layer {main.layer} of "
                 f"{cfg.model} has d = {main.source.d_model}; pass SAEs of this model"
             )
-    if "depth" in selected:
-        n = main.source.n_layers
-        extra = analysis_cfg.depth_layers or default_depth_layers(n, main.layer)
+    extra = [
+        layer
+        for c in chosen
+        if c.extra_layers is not None
+        for layer in c.extra_layers(analysis_cfg, main.source.n_layers, main.layer)
+    ]
+    if extra:
         main = plan(cfg, extra_layers=tuple(extra))
-    _check_out_folder(Path(cfg.out), main.key)
     _check_disk(main, sweep_cfg)
-    scale = None
-    if "scale" in selected and analysis_cfg.scale_model:
-        other = resolve_model(analysis_cfg.scale_model, cfg.trust_remote_code)
-        layer = matched_layer(main.layer, main.source.n_layers, other.n_layers)
-        scale = plan(
-            replace(
-                cfg, model=analysis_cfg.scale_model, layer=layer, out=str(Path(cfg.out) / "scale")
-            )
-        )
-    return Plans(main, scale, sweep_cfg)
+    side = {c.name: c.side_plan(cfg, analysis_cfg, main) for c in chosen if c.side_plan}
+    return Plans(main, side, sweep_cfg, selected)
 
 
-RUN_ENTRIES = {"results.json", "stores", "saes", "scores", "figures", "report.md", "report.html"}
-
-
-def _check_out_folder(out: Path, key: dict) -> None:
-    """A run writes into an empty folder or its own earlier output (the same store key:
-    it resumes or adds to it), nothing else."""
-    if not out.is_dir():
-        return
-    entries = {p.name for p in out.iterdir() if not p.name.startswith(".")}
-    foreign = sorted(entries - RUN_ENTRIES - {"depth", "scale", "controls"})
-    if foreign:
-        raise UsageError(
-            f"--out {out} holds files that are not a causaldim run ({', '.join(foreign[:3])}"
-            f"{', ...' if len(foreign) > 3 else ''}); choose an empty or new folder"
-        )
-    try:
-        earlier = json.loads((out / "results.json").read_text())["inputs"]["store"]["key"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return  # no finished run here (a damaged results.json is rewritten by this one)
-    changed = sorted(k for k in set(key) | set(earlier) if key.get(k) != earlier.get(k))
-    if changed:
-        raise UsageError(
-            f"--out {out} holds a run of another harvest ({', '.join(changed)} differ); "
-            "choose another --out folder"
-        )
-
-
-def _check_disk(the_plan: Plan, sweep_cfg: SweepConfig) -> None:
-    """Refuse a run whose stores and SAEs would not fit on the output's disk."""
+def _check_disk(the_plan: Plan, sweep_cfg: SweepConfig | None) -> None:
+    """Refuse a run whose stores and SAEs (none without a sweep) would not fit on the
+    output's disk."""
     missing = [i for i, d in the_plan.store_dirs.items() if not (d / "manifest.json").is_file()]
     need = disk_bytes(the_plan, sweep_cfg)
     planned = need["saes"] + need["store"] * len(missing) // len(the_plan.store_dirs)
@@ -150,89 +118,76 @@ def _check_disk(the_plan: Plan, sweep_cfg: SweepConfig) -> None:
         )
 
 
-class Measurement(NamedTuple):
-    """Everything measured at one layer from its store; per architecture, then width."""
+class Harvested:
+    """The harvest stage's stores, and the model: the one the pass loaded, or loaded on
+    first use by a later stage (none when every store was reused and no stage needs it)."""
 
-    sigma: dict  # reading -> SigmaEstimate
-    entries: list[SweepEntry]
-    saes: dict[str, dict[int, SAE]]
-    scores: dict[str, dict[int, Scores]]
-    evals: dict[str, dict[int, dict]]
-    analysis: dict[str, dict]
-    ce: dict | None
+    def __init__(self, result: HarvestResult, the_plan: Plan):
+        self.result, self.plan, self._lm = result, the_plan, result.lm
+
+    def load_lm(self) -> LoadedModel:
+        if self._lm is None:
+            p = self.plan
+            self._lm = load_model(p.source, p.config.dtype, p.layers_path, p.config.device)
+        return self._lm
 
 
-def measure_layer(
-    store: Store,
-    out: Path,
-    sweep_cfg: SweepConfig,
+def harvest_stage(the_plan: Plan, progress: bool, seconds: dict) -> Harvested:
+    t = time.perf_counter()
+    result = harvest(the_plan.config, progress=progress, the_plan=the_plan)
+    require_gradients(result.store)
+    seconds["harvest"] = time.perf_counter() - t
+    return Harvested(result, the_plan)
+
+
+def controls_stage(
+    plans: Plans,
+    harvested: Harvested,
+    here: Measurement,
     analysis_cfg: AnalysisConfig,
-    seed: int,
+    executor: Executor,
+    headline: str,
     progress: bool,
     seconds: dict,
-    load_lm=None,
-    repair: bool = False,
-    executor: Executor | None = None,
-) -> Measurement:
-    """Direct Sigma, the SAE sweep (SAEs under out/saes, trained or imported), AtP scores
-    and the analysis of one store, the training and scoring jobs on executor (default: in
-    this process, on the CPU); with load_lm, each SAE is also spliced into the model (CE
-    recovered)."""
-
-    def timed(name: str, work):
-        fault_point(f"stage.{name}")
-        t = time.perf_counter()
-        value = work()
-        seconds[name] = time.perf_counter() - t
-        return value
-
-    executor = executor or LocalExecutor()
-    device = resolve_device(executor.device)  # under Ray, the driver's
-    sigma = timed("sigma", lambda: measure(store, analysis_cfg, seed, device))
-    if sweep_cfg.sae_paths:
-        entries = timed("sweep", lambda: import_saes(store, out, sweep_cfg.sae_paths))
-    else:
-        entries = timed(
-            "sweep", lambda: run_sweep(store, out, sweep_cfg, seed, progress, repair, executor)
-        )
-    named = load_entries(entries)
-    ce = None
-    if sweep_cfg.ce_sequences and load_lm is not None:
-
-        def splice():
-            seqs = eval_sequences(store, sweep_cfg.ce_sequences)
-            return splice_evaluation(load_lm(), store, seqs, named)
-
-        ce = timed("ce_loss_recovered", splice)
-    saes, scores, evals = {}, {}, {}
+) -> dict:
+    if not plans.controls:
+        return {}
     t = time.perf_counter()
-    jobs = [
-        ScoreJob(
-            str(store.root),
-            str(e.folder),
-            analysis_cfg.blocks,
-            analysis_cfg.read_tokens,
-            str(out / "scores" / f"{e.architecture}-w{e.width}.safetensors"),
-        )
-        for e in entries
-    ]
-    scored = [load_scores(p) for p in executor.map(score_job, jobs, "AtP scores", progress)]
-    for e, (name, sae), s in zip(entries, named.items(), scored, strict=True):
-        scores.setdefault(e.architecture, {})[e.width] = s
-        saes.setdefault(e.architecture, {})[e.width] = sae
-        ev = dict(e.meta["eval"])
-        if ce is not None:
-            ev["ce_loss_recovered"] = ce["saes"][name]["ce_loss_recovered"]
-        evals.setdefault(e.architecture, {})[e.width] = ev
-    seconds["scores"] = time.perf_counter() - t
-    analysis = timed(
-        "analysis",
-        lambda: {
-            arch: analyze(scores[arch], evals[arch], store.d_model, analysis_cfg, seed)
-            for arch in scores
-        },
+    bar = tqdm(plans.controls, desc="controls", disable=not progress)
+    ctx = controls.Context(
+        store=harvested.result.store,
+        here=here,
+        headline=headline,
+        sweep_cfg=plans.sweep,
+        analysis_cfg=analysis_cfg,
+        seed=plans.main.config.seed,
+        out=Path(plans.main.config.out),
+        load_lm=harvested.load_lm,
+        executor=executor,
+        stores=harvested.result.stores,
+        plan=plans.main,
+        side_plans=plans.side,
     )
-    return Measurement(sigma, entries, saes, scores, evals, analysis, ce)
+    out = controls.run_controls(
+        plans.controls, ctx, progress=lambda name: bar.set_postfix_str(name) or bar.update()
+    )
+    bar.close()
+    seconds["controls"] = time.perf_counter() - t
+    return out
+
+
+def harvest_only(cfg: HarvestConfig, progress: bool = True) -> HarvestResult:
+    """The pipeline's first stage alone (`causaldim harvest`), with the checks a run makes
+    of it: the plan, the output folder and the disk."""
+    the_plan = plan(cfg)
+    _check_disk(the_plan, None)
+    return harvest_stage(the_plan, progress, {}).result
+
+
+class RunResult(NamedTuple):
+    results: dict
+    path: Path  # results.json
+    outputs: list[Path]  # figures and reports
 
 
 def run(
@@ -244,29 +199,17 @@ def run(
 ) -> RunResult:
     """The whole measurement; finished stages of an earlier run (store, SAEs) are reused."""
     analysis_cfg = analysis_cfg or AnalysisConfig()
-    plans = check(cfg, analysis_cfg.sweep_for(sweep_cfg or SweepConfig()), analysis_cfg)
+    plans = check(cfg, sweep_cfg or SweepConfig(), analysis_cfg)
     faults.reset()
     # Under Ray, 'auto' is resolved by each worker (the GPU it is given, if any).
     executor = executor_for(plans.sweep.executor, plans.sweep.ray_address, cfg.device)
-    the_plan, sweep_cfg = plans.main, plans.sweep
-    cfg = the_plan.config  # device, dtype and batch size resolved
+    cfg, sweep_cfg = plans.main.config, plans.sweep  # device, dtype and batch size resolved
     out = Path(cfg.out)
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.perf_counter()
     seconds = {}
 
-    t = time.perf_counter()
-    result = harvest(cfg, progress=progress, the_plan=the_plan)
-    store = result.store
-    require_gradients(store)
-    seconds["harvest"] = time.perf_counter() - t
-    m = store.manifest
-    lm = result.lm
-
-    def load_lm():
-        nonlocal lm
-        lm = lm or models.load_model(the_plan.source, cfg.dtype, the_plan.layers_path, cfg.device)
-        return lm
-
+    harvested = harvest_stage(plans.main, progress, seconds)
+    store = harvested.result.store
     here = measure_layer(
         store,
         out,
@@ -275,145 +218,33 @@ def run(
         cfg.seed,
         progress,
         seconds,
-        load_lm,
+        harvested.load_lm,
         cfg.repair,
         executor,
     )
     headline = here.entries[0].architecture if sweep_cfg.sae_paths else sweep_cfg.architectures[0]
-    controls, selected = {}, analysis_cfg.selected_controls()
-    if selected:
-        t = time.perf_counter()
-        bar = tqdm(selected, desc="controls", disable=not progress)
-        # The structure experiments measure other layers and models with the headline's
-        # settings: one architecture, no controls of their own.
-        quiet = replace(analysis_cfg, controls=[])
-        one_arch = replace(sweep_cfg, architectures=[headline])
-
-        def depth():
-            per_layer = {the_plan.layer: (_sigma_dicts(here.sigma), here.analysis[headline])}
-            for layer, other in sorted(result.stores.items()):
-                if layer != the_plan.layer:
-                    folder = out / "depth" / f"L{layer}"
-                    there = measure_layer(
-                        other, folder, one_arch, quiet, cfg.seed, False, {}, executor=executor
-                    )
-                    per_layer[layer] = (_sigma_dicts(there.sigma), there.analysis[headline])
-            return depth_summary(per_layer)
-
-        def task():
-            width = analysis_cfg.reference_width or min(sweep_cfg.widths)
-            sae, scores = here.saes[headline][width], here.scores[headline][width]
-            return {
-                "width": width,
-                **task_recovery(
-                    load_lm(), store, sae, scores, analysis_cfg.task_prompts, seed=cfg.seed
-                ),
-            }
-
-        def scale():
-            if plans.scale is None:
-                return {"skipped": "needs a second model of the family: pass --scale-model"}
-            other = harvest(plans.scale.config, progress=False, the_plan=plans.scale).store
-            there = measure_layer(
-                other, out / "scale", one_arch, quiet, cfg.seed, False, {}, executor=executor
-            )
-            names = (cfg.model, analysis_cfg.scale_model)
-            return {
-                "layers": [the_plan.layer, plans.scale.layer],
-                "n_layers": [the_plan.source.n_layers, plans.scale.source.n_layers],
-                "d_model": [store.d_model, other.d_model],
-                **scale_comparison(
-                    (here.scores[headline], here.analysis[headline]),
-                    (there.scores[headline], there.analysis[headline]),
-                    names,
-                    seed=cfg.seed,
-                ),
-            }
-
-        controls = run_controls(
-            selected,
-            store,
-            here.saes,
-            here.scores,
-            here.evals,
-            here.analysis,
-            headline,
-            float(sweep_cfg.k),
-            analysis_cfg,
-            cfg.seed,
-            load_lm,
-            {
-                "synthetic": lambda: synthetic_ground_truth(
-                    out / "controls" / "synthetic", one_arch, quiet, cfg.seed
-                ),
-                "task": task,
-                "depth": depth,
-                "scale": scale,
-            },
-            progress=lambda name: bar.set_postfix_str(name) or bar.update(),
-        )
-        bar.close()
-        seconds["controls"] = time.perf_counter() - t
-
-    training = {
-        f"{e.architecture}-w{e.width}": {
-            "folder": str(e.folder.relative_to(out)),
-            "reused": e.reused,
-            "seconds": e.meta["train_stats"]["seconds"],
-            "steps": e.meta["train_stats"].get("steps"),
-        }
-        for e in here.entries
-    }
-    sigma, ce, sweep = here.sigma, here.ce, here.analysis
-    results = {
-        "schema": SCHEMA,
-        "causaldim_version": __version__,
-        "preset": preset,
-        "config": {
-            "harvest": cfg.to_dict(),
-            "sweep": sweep_cfg.to_dict(),
-            "analysis": analysis_cfg.to_dict(),
-        },
-        "seed": cfg.seed,
-        "inputs": {
-            "model": m["model"]["identity"],
-            "corpus": m["corpus"],
-            "store": {
-                "path": str(store.root.relative_to(out)),
-                "manifest_sha256": sha256_file(store.root / "manifest.json"),
-                "key": m["key"],
-            },
-        },
-        "store": {
-            "reused": result.reused,
-            "model": m["model"],
-            "layer": m["layer"],
-            "site": m["site"],
-            "seq_len": m["seq_len"],
-            "tokens": {k: v["n_tokens"] for k, v in m["splits"].items()},
-            "throughput_tokens_per_second": {
-                k: v["tokens_per_second"] for k, v in m["splits"].items()
-            },
-            "outliers": m["outliers"],
-            "eval_mean_loss": m["splits"]["eval"]["mean_loss"],
-            "probes": {"logits": m["key"]["logit_probes"], "fisher": m["key"]["fisher_probes"]},
-        },
-        "sigma": _sigma_dicts(sigma),
-        "ce": None if ce is None else {k: v for k, v in ce.items() if k != "saes"},
-        "saes": training,
-        "sweep": sweep,
-        "controls": controls,
-        "headline": headline,
-        "paper": PAPER,
-        "versions": {**m["versions"], **_versions()},
-        "started": started,
-        "seconds": seconds,
-    }
+    found = controls_stage(
+        plans, harvested, here, analysis_cfg, executor, headline, progress, seconds
+    )
+    results = build_results(
+        preset=preset,
+        harvest_cfg=cfg,
+        sweep_cfg=sweep_cfg,
+        analysis_cfg=analysis_cfg,
+        store=store,
+        store_reused=harvested.result.reused,
+        out=out,
+        here=here,
+        controls=found,
+        headline=headline,
+        started=started,
+        seconds=seconds,
+    )
     path = out / "results.json"
     # Figures first; then results.json with the final timings, which the text report shows.
     t = time.perf_counter()
     write_sealed_json(path, results)
-    fault_point("stage.report")
+    faults.fault_point("stage.report")
     figures = render(path, text=False)
     seconds["report"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t0
@@ -421,18 +252,26 @@ def run(
     return RunResult(results, path, [*figures, *render(path, figures=False)])
 
 
-def _sigma_dicts(sigma: dict) -> dict:
-    return {reading: est.to_dict() for reading, est in sigma.items()}
+class TrainResult(NamedTuple):
+    store: Store
+    entries: list[SweepEntry]
+    ce: dict | None  # CE loss recovered, when --ce-sequences > 0
 
 
-def _versions() -> dict:
-    import platform
-
-    import numpy
-    import scipy
-
-    return {
-        "python": platform.python_version(),
-        "numpy": numpy.__version__,
-        "scipy": scipy.__version__,
-    }
+def train(cfg: HarvestConfig, sweep_cfg: SweepConfig, progress: bool = True) -> TrainResult:
+    """The pipeline up to the SAE sweep (`causaldim train`): the same checks as a run,
+    the store (harvested if needed), the SAEs trained on the executor or imported from
+    --sae-paths, and CE loss recovered written to OUT/saes/ce_loss_recovered.json."""
+    plans = check(cfg, sweep_cfg)
+    faults.reset()
+    executor = executor_for(plans.sweep.executor, plans.sweep.ray_address, cfg.device)
+    cfg, sweep_cfg = plans.main.config, plans.sweep
+    harvested = harvest_stage(plans.main, progress, {})
+    store = harvested.result.store
+    entries = sweep_saes(store, Path(cfg.out), sweep_cfg, cfg.seed, progress, cfg.repair, executor)
+    ce = None
+    if sweep_cfg.ce_sequences:
+        seqs = store.token_ids("eval", sweep_cfg.ce_sequences)
+        ce = splice_evaluation(harvested.load_lm(), store, seqs, load_entries(entries))
+        atomic_write_json(Path(cfg.out) / "saes" / "ce_loss_recovered.json", ce)
+    return TrainResult(store, entries, ce)

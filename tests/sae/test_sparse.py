@@ -43,11 +43,10 @@ def dense_threshold_loss(sae, x, coef):
 
 
 def sparse_loss(sae, x, coef=0.1, dead=None, k_aux=8, dtype=torch.float32):
-    if sae.architecture == "topk":
-        out = sae.train_forward(x, dead, k_aux, dtype)
-    else:
-        out = sae.train_forward(x, dtype)
-    return (out.x_hat - x).pow(2).sum(-1).mean() + coef * out.aux_loss
+    """Every architecture's step through the one signature; coef weighs its side loss
+    (TopK's AuxK, the threshold SAEs' sparsity penalty)."""
+    out = sae.train_forward(x, sparse.StepInputs(dtype, coef, dead, k_aux, coef))
+    return (out.x_hat - x).pow(2).sum(-1).mean() + out.side_loss
 
 
 def grads(sae, loss):

@@ -8,8 +8,8 @@ import torch
 from causaldim.config import SweepConfig
 from causaldim.errors import UsageError
 from causaldim.harvest import harvest
-from causaldim.sae import sweep as sweep_mod
-from causaldim.sae.sweep import evaluate, load_entry, run_sweep
+from causaldim.measure import sweep as sweep_mod
+from causaldim.measure.sweep import evaluate, load_entry, run_sweep
 
 
 @pytest.fixture

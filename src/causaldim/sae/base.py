@@ -29,9 +29,11 @@ class SAEConfig:
 
 class SAE(nn.Module):
     """Base class; subclasses define `activate(pre)` (the dense definition, used to
-    encode) and `train_forward` (the sparse training step, held to it by tests)."""
+    encode) and `train_forward(x, step: StepInputs) -> TrainOutput` (the sparse training
+    step, held to it by tests), and say how their L0 is set."""
 
     architecture = "base"
+    fixed_l0 = False  # True: L0 is set by construction (TopK), no sparsity to control
     init_sparsity_coef = 0.0  # where the L0 controller starts (normalised units)
 
     def __init__(self, cfg: SAEConfig):

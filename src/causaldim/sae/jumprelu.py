@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from .base import SAE, SAEConfig
-from .sparse import TrainOutput, threshold_train_forward
+from .sparse import DEFAULT_STEP, StepInputs, TrainOutput, threshold_train_forward
 
 
 def _kernel(x: torch.Tensor) -> torch.Tensor:
@@ -64,7 +64,7 @@ class JumpReLUSAE(SAE):
     def activate(self, pre: torch.Tensor) -> torch.Tensor:
         return _JumpReLU.apply(pre, self.threshold, self.cfg.bandwidth)
 
-    def train_forward(self, x: torch.Tensor, dtype: torch.dtype = torch.float32) -> TrainOutput:
+    def train_forward(self, x: torch.Tensor, step: StepInputs = DEFAULT_STEP) -> TrainOutput:
         """The sparse step keeps the firing entries and those in the straight-through
         window below the threshold (the threshold's gradient comes from both); the
         penalty is L0."""
@@ -75,7 +75,7 @@ class JumpReLUSAE(SAE):
             theta - eps / 2,
             lambda pre, i: _JumpReLU.apply(pre, theta[i], eps),
             lambda pre, f, i: _Step.apply(pre, theta[i], eps),
-            dtype,
+            step,
         )
 
     @torch.no_grad()

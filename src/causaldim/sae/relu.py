@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .base import SAE
-from .sparse import TrainOutput, threshold_train_forward
+from .sparse import DEFAULT_STEP, StepInputs, TrainOutput, threshold_train_forward
 
 
 class ReLUSAE(SAE):
@@ -23,7 +23,7 @@ class ReLUSAE(SAE):
     def shift_sparsity(self, delta: float) -> None:
         self.b_enc.sub_(delta)
 
-    def train_forward(self, x: torch.Tensor, dtype: torch.dtype = torch.float32) -> TrainOutput:
+    def train_forward(self, x: torch.Tensor, step: StepInputs = DEFAULT_STEP) -> TrainOutput:
         """The sparse step keeps the positive entries; the penalty is L1 weighted by the
         decoder row norms."""
         norms = self.W_dec.norm(dim=1)
@@ -33,5 +33,5 @@ class ReLUSAE(SAE):
             x.new_zeros(()),
             lambda pre, i: pre,
             lambda pre, f, i: f * norms[i],
-            dtype,
+            step,
         )

@@ -18,11 +18,25 @@ import torch.nn.functional as F
 PRE_CHUNK_ELEMENTS = 1 << 25  # pre-activations computed at once: 128 MB in float32
 
 
+class StepInputs(NamedTuple):
+    """What a training step gives the architecture beside the batch; each architecture
+    uses what its step needs."""
+
+    dtype: torch.dtype = torch.float32  # of the dense encoder product
+    sparsity_coef: float = 0.0  # the L0 controller's coefficient (threshold SAEs)
+    dead: torch.Tensor | None = None  # features silent for too long (TopK's AuxK)
+    aux_k: int = 256  # AuxK: dead features that try to reconstruct the residual
+    aux_coef: float = 1 / 32  # AuxK's weight
+
+
+DEFAULT_STEP = StepInputs()
+
+
 class TrainOutput(NamedTuple):
     x_hat: torch.Tensor
     vals: torch.Tensor  # kept activations, flat or [tokens, k] (0 where not firing)
     idx: torch.Tensor  # their features, same shape
-    aux_loss: torch.Tensor  # TopK: the AuxK loss; threshold SAEs: the sparsity penalty
+    side_loss: torch.Tensor  # weighted: TopK's AuxK loss; threshold SAEs' sparsity penalty
 
 
 def pre_act_blocks(x, b_dec, W_enc, b_enc, dtype):
@@ -109,12 +123,12 @@ def threshold_train_forward(
     cut: torch.Tensor,
     activate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     penalty: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
-    dtype: torch.dtype,
+    step: StepInputs,
 ) -> TrainOutput:
     """The sparse step of an SAE whose features fire above a per-feature bar: keep the
     entries above `cut`, f = activate(pre, feature) on them, and the summed penalty(pre,
-    f, feature) per token, before its coefficient."""
-    pre, idx, token = keep_above(sae, x, cut, dtype)
+    f, feature) per token, weighted by the controller's coefficient."""
+    pre, idx, token = keep_above(sae, x, cut, step.dtype)
     f = activate(pre, idx)
     x_hat = decode_entries(sae, f, idx, token, len(x))
-    return TrainOutput(x_hat, f, idx, penalty(pre, f, idx).sum() / len(x))
+    return TrainOutput(x_hat, f, idx, step.sparsity_coef * (penalty(pre, f, idx).sum() / len(x)))

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import SAE
-from .sparse import TrainOutput, encoder_backward, pre_act_blocks
+from .sparse import DEFAULT_STEP, StepInputs, TrainOutput, encoder_backward, pre_act_blocks
 
 
 class _SelectTopK(torch.autograd.Function):
@@ -55,22 +55,17 @@ class _SelectTopK(torch.autograd.Function):
 
 class TopKSAE(SAE):
     architecture = "topk"
+    fixed_l0 = True
 
     def activate(self, pre: torch.Tensor) -> torch.Tensor:
         vals, idx = pre.topk(self.cfg.k, dim=-1)
         return torch.zeros_like(pre).scatter_(-1, idx, vals.relu())
 
-    def train_forward(
-        self,
-        x: torch.Tensor,
-        dead: torch.Tensor | None = None,
-        k_aux: int = 256,
-        dtype: torch.dtype = torch.float32,
-    ) -> TrainOutput:
+    def train_forward(self, x: torch.Tensor, step: StepInputs = DEFAULT_STEP) -> TrainOutput:
         """The sparse training forward: reconstruction and, with dead features, the AuxK
         loss (dead features try to reconstruct what the live ones missed)."""
         vals, idx, aux_vals, aux_idx = _SelectTopK.apply(
-            x, self.b_dec, self.W_enc, self.b_enc, self.cfg.k, dead, k_aux, dtype
+            x, self.b_dec, self.W_enc, self.b_enc, self.cfg.k, step.dead, step.aux_k, step.dtype
         )
         x_hat = F.embedding_bag(idx, self.W_dec, per_sample_weights=vals, mode="sum") + self.b_dec
         aux = x.new_zeros(())
@@ -79,4 +74,4 @@ class TopKSAE(SAE):
             e_hat = F.embedding_bag(aux_idx, self.W_dec, per_sample_weights=aux_vals, mode="sum")
             denom = (residual - residual.mean(0)).pow(2).sum().clamp_min(1e-12)
             aux = (e_hat - residual).pow(2).sum() / denom
-        return TrainOutput(x_hat, vals, idx, aux)
+        return TrainOutput(x_hat, vals, idx, step.aux_coef * aux)

@@ -19,7 +19,7 @@ import torch
 from ..faults import fault_point
 from .base import SAE
 from .checkpoint import Checkpoint
-from .topk import TopKSAE
+from .sparse import StepInputs
 
 
 @dataclass
@@ -88,7 +88,6 @@ def train_sae(
     coef = sae.init_sparsity_coef if settings.init_coef is None else settings.init_coef
     device = sae.b_dec.device
     since_fired = torch.zeros(sae.cfg.width, dtype=torch.long, device=device)
-    is_topk = isinstance(sae, TopKSAE)
     dtype = getattr(torch, settings.compute_dtype)
     step, tokens, history, recent = 0, 0, [], []
     first, done = True, (-1, -1)  # (epoch, batch) of the last step taken before a resume
@@ -107,19 +106,18 @@ def train_sae(
             if first:  # b_dec starts at the data's centre, sparsity at the target
                 with torch.no_grad():
                     sae.b_dec.copy_(x.mean(0))
-                    if not is_topk:  # TopK's L0 is fixed: nothing to calibrate
+                    if not sae.fixed_l0:
                         sae.calibrate(sae.pre_acts(x), settings.target_l0)
                 first = False
             lr = settings.lr * min(1.0, (total_steps - step) / max(1, total_steps - decay_start))
             for group in opt.param_groups:
                 group["lr"] = lr
-            if is_topk:  # dead features as of the last step feed AuxK
-                dead = since_fired > settings.dead_tokens
-                out = sae.train_forward(x, dead if dead.any() else None, settings.aux_k, dtype)
-                side = settings.aux_coef * out.aux_loss
-            else:
-                out = sae.train_forward(x, dtype)
-                side = coef * out.aux_loss
+            dead = since_fired > settings.dead_tokens  # as of the last step: for AuxK
+            step_inputs = StepInputs(
+                dtype, coef, dead if dead.any() else None, settings.aux_k, settings.aux_coef
+            )
+            out = sae.train_forward(x, step_inputs)
+            side = out.side_loss
             mse = (out.x_hat - x).pow(2).sum(-1).mean()
             loss = mse + side
             active_idx = out.idx[out.vals > 0]
@@ -140,7 +138,7 @@ def train_sae(
                     f"{sae.cfg.width}); the store's train split or --lr is the likely cause"
                 )
             l0 = n_active / len(x)
-            if not is_topk:  # integral control of the coefficient toward the target L0
+            if not sae.fixed_l0:  # integral control of the coefficient toward the target L0
                 error = math.log(max(l0, 1e-3) / settings.target_l0)
                 coef *= math.exp(settings.controller_rate * max(-1.0, min(1.0, error)))
             step += 1
@@ -168,7 +166,7 @@ def train_sae(
                 )
                 checkpoint.save(tensors, state)
             fault_point("train.step")
-    if not is_topk and held_out is not None:
+    if held_out is not None:
         match_l0(sae, normalizer(held_out), settings.target_l0)
     with torch.no_grad():
         sae.fold_normalization(normalizer.mean, normalizer.scale)
@@ -210,7 +208,10 @@ def _restore(sae: SAE, opt, gen: torch.Generator, tensors: dict, state: dict) ->
 @torch.no_grad()
 def match_l0(sae: SAE, x: torch.Tensor, target: float, iters: int = 40) -> float:
     """Bisect one shift of every feature's firing bar so that mean L0 on x hits target:
-    the controller gets close during training, this makes the match exact."""
+    the controller gets close during training, this makes the match exact (nothing to do
+    where L0 is fixed by construction)."""
+    if sae.fixed_l0:
+        return 0.0
 
     def l0_at(delta: float) -> float:
         sae.shift_sparsity(delta)

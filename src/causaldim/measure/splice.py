@@ -1,7 +1,7 @@
-"""Next-token loss with the residual at block L replaced: the SAE's reconstruction (how
-much of the model's loss the SAE keeps: "CE loss recovered") or its mean (the floor).
-Outlier positions (position 0 and huge norms, which SAEs are not trained on) keep their
-true residual and are left out of the loss."""
+"""The model's next-token loss with block L's output edited where an edit applies
+(position 0 and outlier norms keep their true residual): replaced by an SAE's
+reconstruction ("CE loss recovered") or by its mean (the floor), or with one SAE
+feature zeroed (a real ablation)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 
-from .devices import placed
-from .models import LoadedModel
+from ..devices import placed
+from ..model.hooks import edited_block
+from ..model.load import LoadedModel
+from ..sae import SAE
 
 
 @torch.no_grad()
@@ -25,30 +27,42 @@ def spliced_loss(
 ) -> tuple[float, int]:
     """Summed next-token loss over predictions made from non-outlier positions, with
     block `layer`'s output replaced there by replace(h) (None: unchanged); and their count."""
-    keep: list[torch.Tensor] = []
-
-    def hook(module, args, output):
-        hidden = output[0] if isinstance(output, tuple) else output
-        mask = hidden.norm(dim=-1) <= threshold
-        mask[:, 0] = False
-        keep.append(mask)
-        if replace is not None:
-            flat = hidden[mask]
-            hidden = hidden.clone()
-            hidden[mask] = replace(flat.float()).to(hidden.dtype)
-        return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
-
+    masks: list[torch.Tensor] = []
     ids = ids.to(lm.device)
-    handle = lm.layers[layer].register_forward_hook(hook)
-    try:
+    with edited_block(lm, layer, replace, threshold, masks):
         logits = lm.model(input_ids=ids, use_cache=False).logits
-    finally:
-        handle.remove()
     losses = F.cross_entropy(
         logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten(), reduction="none"
     )
-    mask = keep[0][:, :-1].flatten()
+    mask = masks[0][:, :-1].flatten()
     return float(losses[mask].sum()), int(mask.sum())
+
+
+@torch.no_grad()
+def sequence_losses(
+    lm: LoadedModel,
+    layer: int,
+    ids: torch.Tensor,
+    edit: Callable[[torch.Tensor], torch.Tensor] | None,
+    threshold: float,
+) -> torch.Tensor:
+    """[batch] summed next-token loss over every prediction (the loss the store's g is the
+    gradient of), with block `layer`'s output replaced by edit(h) where editable."""
+    ids = ids.to(lm.device)
+    with edited_block(lm, layer, edit, threshold):
+        logits = lm.model(input_ids=ids, use_cache=False).logits
+    # float64: a feature's effect is a small difference of two sums of ~seq_len losses
+    losses = F.cross_entropy(logits[:, :-1].transpose(1, 2).double(), ids[:, 1:], reduction="none")
+    return losses.sum(1).cpu()
+
+
+def zero_feature(sae: SAE, feature: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The edit h <- h - f_i(h) d_i: feature i really ablated, the rest of h kept."""
+
+    def edit(h: torch.Tensor) -> torch.Tensor:
+        return h - sae.encode(h)[:, feature : feature + 1] * sae.W_dec[feature]
+
+    return edit
 
 
 def ce_loss_recovered(

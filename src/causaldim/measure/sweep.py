@@ -4,8 +4,6 @@ a re-run finds it complete for the same store and settings."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import time
 from pathlib import Path
@@ -17,12 +15,13 @@ from ..config import SweepConfig
 from ..devices import resolve_device, resolve_dtype
 from ..errors import IntegrityError, UsageError
 from ..executors import Executor, LocalExecutor
+from ..harvest.store import Store, key_digest
 from ..memory import dense_batch_tokens
-from ..store import Store
-from . import SAE, SAEConfig, build
-from .checkpoint import Checkpoint
-from .formats import CONFIG, load, load_any, read_meta, save, verify
-from .train import Normalizer, TrainSettings, train_sae
+from ..sae import SAE, SAEConfig, build
+from ..sae.checkpoint import Checkpoint
+from ..sae.formats import CONFIG, load, load_any, read_meta, save, verify
+from ..sae.train import Normalizer, TrainSettings, train_sae
+from .splice import ce_loss_recovered
 
 
 class SweepEntry(NamedTuple):
@@ -31,10 +30,6 @@ class SweepEntry(NamedTuple):
     folder: Path
     reused: bool
     meta: dict  # what cfg.json holds: training stats and evaluation
-
-
-def store_fingerprint(store: Store) -> str:
-    return hashlib.sha256(json.dumps(store.manifest["key"], sort_keys=True).encode()).hexdigest()
 
 
 def fit_normalizer(store: Store, max_tokens: int = 65_536) -> Normalizer:
@@ -154,7 +149,7 @@ def run_sweep(
     fail their hash raises IntegrityError, or is trained again with repair."""
     out = Path(out)
     executor = executor or LocalExecutor()
-    fingerprint = store_fingerprint(store)
+    fingerprint = key_digest(store.manifest["key"])
     settings = _settings(cfg, seed, resolve_device(executor.device))
     n_train = store.n_tokens("train", drop_outliers=True)
     steps = cfg.epochs * math.ceil(n_train / cfg.batch_tokens)
@@ -190,12 +185,27 @@ def run_sweep(
     ]
 
 
+def sweep_saes(
+    store: Store,
+    out: Path,
+    cfg: SweepConfig,
+    seed: int = 0,
+    progress: bool = True,
+    repair: bool = False,
+    executor: Executor | None = None,
+) -> list[SweepEntry]:
+    """The sweep's SAEs: imported from cfg.sae_paths where given, else trained."""
+    if cfg.sae_paths:
+        return import_saes(store, out, cfg.sae_paths)
+    return run_sweep(store, out, cfg, seed, progress, repair, executor)
+
+
 def import_saes(store: Store, out: Path, paths: list[str]) -> list[SweepEntry]:
     """SAEs trained elsewhere (Gemma Scope params.npz, SAELens or sparsify folders, our own)
     in place of training: each is evaluated on the store and saved under out/saes like a
     trained one, so that everything downstream treats them alike. Entries are ordered by
     architecture, then width."""
-    fingerprint, entries = store_fingerprint(store), []
+    fingerprint, entries = key_digest(store.manifest["key"]), []
     for path in paths:
         source = Path(path)
         request = {"store": fingerprint, "imported": str(source.resolve())}
@@ -233,8 +243,6 @@ def load_entries(entries: list[SweepEntry]) -> dict[str, SAE]:
 def splice_evaluation(lm, store: Store, seqs: torch.Tensor, saes: dict[str, SAE]) -> dict:
     """CE loss recovered of every SAE of the sweep, spliced in at the store's layer on
     these eval sequences; the mean-ablation floor uses the eval split's mean residual."""
-    from ..splice import ce_loss_recovered
-
     total, n = torch.zeros(store.d_model, dtype=torch.float64), 0
     for batch in store.batches("eval", ("h",), 8192):
         total += batch["h"].double().sum(0)

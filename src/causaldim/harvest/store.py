@@ -14,6 +14,8 @@ The manifest is written last: a folder without one is an unfinished store.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,13 +23,19 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save as save_safetensors
 
-from .errors import IntegrityError, UsageError
-from .fileio import atomic_write_bytes, read_sealed_json, sha256_file, write_sealed_json
+from ..errors import IntegrityError, UsageError
+from ..fileio import atomic_write_bytes, read_sealed_json, sha256_file, write_sealed_json
 
 FORMAT = "causaldim-store/1"
 MANIFEST = "manifest.json"
 FLOAT_FIELDS = ("h", "g", "u_logits", "u_fisher")
 _FP16_MAX = 60_000.0
+
+
+def key_digest(key: dict) -> str:
+    """The sha256 of a store's key (what was harvested, and how): it names the store's
+    folder, and the SAEs trained from the store record it."""
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
 class StoreError(IntegrityError):
@@ -110,6 +118,12 @@ class Store:
         """The block of each token, from its sequence index. Sequences were shuffled before
         the split, so contiguous blocks are random ones."""
         return (seq.long() * blocks) // self.manifest["splits"][split]["n_sequences"]
+
+    def token_ids(self, split: str, n: int) -> torch.Tensor:
+        """The first n sequences' token ids, [n, seq_len], from the store itself."""
+        seq_len = self.manifest["seq_len"]
+        batch = next(self.batches(split, ("token",), n * seq_len, drop_outliers=False))
+        return batch["token"].long().view(-1, seq_len)[:n]
 
     def verify(self) -> None:
         """Check every shard's presence and sha256 against the manifest."""

@@ -20,8 +20,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from .errors import UsageError
-from .fileio import atomic_write_json, cache_dir, sha256_file
+from ..errors import UsageError
+from ..fileio import atomic_write_json, cache_dir, sha256_file
 
 CONVERTED_MARK = "converted-from.json"  # written last: a folder without it is unfinished
 CONVERTED_HASHED = ("model.safetensors", "config.json")  # checked before each use

@@ -14,8 +14,8 @@ from typing import NamedTuple
 
 import torch
 
-from .errors import IntegrityError, UsageError
-from .fileio import cache_dir, read_sealed_json, write_sealed_json
+from ..errors import IntegrityError, UsageError
+from ..fileio import cache_dir, read_sealed_json, write_sealed_json
 
 
 class Corpus(NamedTuple):

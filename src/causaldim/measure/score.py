@@ -15,12 +15,14 @@ from typing import NamedTuple
 import safetensors.torch
 import torch
 
-from .devices import resolve_device
-from .errors import UsageError
-from .fileio import atomic_write_bytes
-from .memory import dense_batch_tokens
-from .sae import SAE
-from .store import Store
+from ..devices import resolve_device
+from ..errors import UsageError
+from ..faults import fault_point
+from ..fileio import atomic_write_bytes
+from ..harvest.store import Store
+from ..memory import dense_batch_tokens
+from ..sae import SAE
+from ..sae.formats import load
 
 
 class Scores(NamedTuple):
@@ -118,9 +120,6 @@ class ScoreJob(NamedTuple):
 
 def score_job(job: ScoreJob, device: str = "cpu") -> str:
     """Score the SAE on device and write its Scores to job.out; returns that path."""
-    from .faults import fault_point
-    from .sae.formats import load
-
     fault_point("scores.sae")
     sae = load(job.sae_folder, resolve_device(device))
     save_scores(atp_scores(sae, Store(job.store), job.blocks, job.batch_tokens), Path(job.out))

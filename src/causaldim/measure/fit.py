@@ -23,6 +23,8 @@ from typing import NamedTuple
 import numpy as np
 from scipy.optimize import least_squares
 
+from .stats import interval_95
+
 
 class Form(NamedTuple):
     params: tuple[str, ...]  # besides kappa
@@ -63,8 +65,11 @@ class Fit(NamedTuple):
     width_95: float  # width at which the curve reaches 95% of kappa
     at_bound: str | None  # a parameter that ended on the search box: not identified
 
-    def predict(self, widths) -> np.ndarray:
-        return FORMS[self.form].curve(np.asarray(widths, float), self.kappa, *self.params.values())
+
+def curve(form: str, kappa: float, params: dict, widths) -> list[float]:
+    """N(m) of a fitted form at the given widths (params as a Fit or results.json holds
+    them)."""
+    return list(FORMS[form].curve(np.asarray(widths, float), kappa, *params.values()))
 
 
 def _box(form: str, m: np.ndarray) -> list[tuple[float, float]]:
@@ -184,10 +189,9 @@ class KappaEstimate(NamedTuple):
 
 
 def _interval(values: Sequence[float]) -> tuple[float, float]:
-    if not len(values):
-        return (math.nan, math.nan)
-    lo, hi = np.quantile(np.asarray(values, float), [0.025, 0.975])
-    return (float(lo), float(hi))
+    """The percentile interval; NaN where there are no resamples."""
+    lo, hi = interval_95(np.asarray(values, float)) or (math.nan, math.nan)
+    return (lo, hi)
 
 
 def estimate_kappa(

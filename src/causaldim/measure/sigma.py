@@ -18,10 +18,12 @@ from typing import NamedTuple
 
 import torch
 
-from .config import AnalysisConfig
-from .store import Store
+from ..config import AnalysisConfig
+from ..harvest.store import Store
+from .stats import interval_95
 
 READINGS = {"loss": "g", "logits": "u_logits", "fisher": "u_fisher", "activations": "h"}
+DIRECT = ("loss", "logits", "fisher")  # the readings of the output; activations is a reference
 
 
 class Spectrum(NamedTuple):
@@ -196,12 +198,12 @@ def _intervals(name: str, point: float, values: list[float]) -> dict:
     """Resampling duplicates blocks, which spreads the eigenvalues and lowers erank: the
     percentile interval inherits that bias. The basic interval reflects the bootstrap
     distribution about the estimate, which corrects for it; both are reported."""
-    t = torch.tensor(values, dtype=torch.float64, device="cpu")
-    lo, hi = float(t.quantile(0.025)), float(t.quantile(0.975))
+    lo, hi = interval_95(values)
+    mean = float(torch.tensor(values, dtype=torch.float64, device="cpu").mean())
     return {
         f"{name}_95": [2 * point - hi, 2 * point - lo],
         f"{name}_95_percentile": [lo, hi],
-        f"{name}_bootstrap_bias": float(t.mean()) - point,
+        f"{name}_bootstrap_bias": mean - point,
     }
 
 

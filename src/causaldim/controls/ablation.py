@@ -10,81 +10,22 @@ so that they are on the scale of AtP (a mean over tokens).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import contextmanager, nullcontext
+from pathlib import Path
 
-import numpy as np
 import torch
-import torch.nn.functional as F
-from scipy.stats import spearmanr
 
-from .devices import placed
-from .models import LoadedModel
-from .sae import SAE
-from .score import Scores
-from .store import Store
-from .wedge import calibrate
-
-
-def editable(hidden: torch.Tensor, threshold: float) -> torch.Tensor:
-    """[B, T] where an ablation edits: every position past 0 with norm within threshold
-    (the store's outliers are left alone, as AtP leaves them out)."""
-    mask = hidden.norm(dim=-1) <= threshold
-    mask[:, 0] = False
-    return mask
-
-
-@contextmanager
-def edited_block(
-    lm: LoadedModel, layer: int, edit: Callable[[torch.Tensor], torch.Tensor], threshold: float
-):
-    """While inside, block `layer`'s output h is replaced by edit(h) where editable."""
-
-    def hook(module, args, output):
-        hidden = (output[0] if isinstance(output, tuple) else output).clone()
-        mask = editable(hidden, threshold)
-        hidden[mask] = edit(hidden[mask].float()).to(hidden.dtype)
-        return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
-
-    handle = lm.layers[layer].register_forward_hook(hook)
-    try:
-        yield
-    finally:
-        handle.remove()
-
-
-@torch.no_grad()
-def sequence_losses(
-    lm: LoadedModel,
-    layer: int,
-    ids: torch.Tensor,
-    edit: Callable[[torch.Tensor], torch.Tensor] | None,
-    threshold: float,
-) -> torch.Tensor:
-    """[batch] summed next-token loss over every prediction (the loss the store's g is the
-    gradient of), with block `layer`'s output replaced by edit(h) where editable."""
-    ids = ids.to(lm.device)
-    with edited_block(lm, layer, edit, threshold) if edit is not None else nullcontext():
-        logits = lm.model(input_ids=ids, use_cache=False).logits
-    # float64: a feature's effect is a small difference of two sums of ~seq_len losses
-    losses = F.cross_entropy(logits[:, :-1].transpose(1, 2).double(), ids[:, 1:], reduction="none")
-    return losses.sum(1).cpu()
-
-
-def eval_sequences(store: Store, n: int) -> torch.Tensor:
-    """The first n eval sequences' token ids, [n, seq_len], from the store itself."""
-    seq_len, rows = store.manifest["seq_len"], []
-    for batch in store.batches("eval", ("token",), n * seq_len, drop_outliers=False):
-        rows.append(batch["token"])
-        break
-    return torch.cat(rows).long().view(-1, seq_len)[:n]
-
-
-def zero_feature(sae: SAE, feature: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    def edit(h: torch.Tensor) -> torch.Tensor:
-        return h - sae.encode(h)[:, feature : feature + 1] * sae.W_dec[feature]
-
-    return edit
+from ..devices import placed
+from ..harvest.store import Store
+from ..measure.counts import calibrate
+from ..measure.score import Scores
+from ..measure.splice import sequence_losses, zero_feature
+from ..measure.stats import spearman
+from ..model.load import LoadedModel
+from ..report.doc import Doc
+from ..report.figures import finish, pyplot
+from ..report.fmt import num, pct
+from ..sae import SAE
+from . import Context, Control
 
 
 @torch.no_grad()
@@ -138,7 +79,7 @@ def atp_vs_ablation(
     same percentile calibration on the first-order sequence effects of the reference
     width) but below epsilon by AtP (missed), or the reverse."""
     layer, threshold = store.manifest["layer"], store.manifest["outliers"]["threshold"]
-    ids = eval_sequences(store, n_sequences)
+    ids = store.token_ids("eval", n_sequences)
     n_tokens = ids.shape[0] * (ids.shape[1] - 1)
     clean = torch.cat(
         [sequence_losses(lm, layer, b, None, threshold) for b in ids.split(batch_size)]
@@ -170,8 +111,8 @@ def atp_vs_ablation(
                 "atp": atp.tolist(),
                 "first_order": linear_effect[feats].tolist(),
                 "real": real,
-                "spearman_real_atp": _spearman(real_t, atp),
-                "spearman_real_first_order": _spearman(real_t, linear_effect[feats]),
+                "spearman_real_atp": spearman(real_t, atp),
+                "spearman_real_first_order": spearman(real_t, linear_effect[feats]),
                 "n_truly_causal": int(truly.sum()),
                 "n_missed_by_atp": int((truly & ~by_atp).sum()),
                 "n_false_alarms": int((~truly & by_atp).sum()),
@@ -186,7 +127,7 @@ def atp_vs_ablation(
         "epsilon_sequence_level": epsilon_seq,
         "rows": rows,
         "missed_fraction": missed / truly_total if truly_total else None,
-        "spearman_real_atp_pooled": _spearman(
+        "spearman_real_atp_pooled": spearman(
             torch.tensor([v for r in rows for v in r["real"]], device="cpu"),
             torch.tensor([v for r in rows for v in r["atp"]], device="cpu"),
         ),
@@ -202,8 +143,101 @@ def _real_effect(lm, layer, ids, clean, fires, edit, threshold, batch_size) -> f
     return total
 
 
-def _spearman(a: torch.Tensor, b: torch.Tensor) -> float | None:
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if len(a) < 3 or np.ptp(a) == 0 or np.ptp(b) == 0:
-        return None
-    return float(spearmanr(a, b).statistic)
+def plot_ablation(c: dict, path: Path) -> Path:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    floor = 1e-12  # zero effects drawn on the axis floor of a log plot
+    for i, r in enumerate(c["rows"]):
+        ax.plot(
+            [max(v, floor) for v in r["atp"]],
+            [max(v, floor) for v in r["real"]],
+            "o",
+            color=plt.cm.viridis(i / max(len(c["rows"]) - 1, 1)),
+            ms=4,
+            label=f"m = {r['width']}",
+        )
+    ax.axvline(c["epsilon"], color="C3", ls="--", lw=1, label="epsilon (AtP)")
+    if c.get("epsilon_sequence_level"):
+        ax.axhline(
+            c["epsilon_sequence_level"],
+            color="C1",
+            ls="--",
+            lw=1,
+            label="epsilon's equivalent (real)",
+        )
+    return finish(
+        fig,
+        ax,
+        path,
+        "AtP (first order, mean |f (g . d)| per token)",
+        "real ablation: mean |change in loss| per token",
+        f"AtP vs zeroing the feature ({c['architecture']})",
+        log_x=True,
+        log_y=True,
+    )
+
+
+def ablation_section(doc: Doc, c: dict) -> None:
+    doc.table(
+        [
+            "width",
+            "features",
+            "Spearman real vs AtP",
+            "real vs first order",
+            "truly causal",
+            "missed by AtP",
+            "false alarms",
+        ],
+        [
+            [
+                r["width"],
+                len(r["features"]),
+                num(r["spearman_real_atp"], 2),
+                num(r["spearman_real_first_order"], 2),
+                r["n_truly_causal"],
+                r["n_missed_by_atp"],
+                r["n_false_alarms"],
+            ]
+            for r in c["rows"]
+        ],
+    )
+    rho = c.get("spearman_real_atp_pooled")
+    text = [
+        f"{sum(len(r['features']) for r in c['rows'])} features, stratified by AtP, zeroed on "
+        f"{c['n_sequences']} eval sequences ({c['n_tokens']:,} predictions)"
+    ]
+    if rho is not None:
+        text.append(f"pooled Spearman correlation of the real effect with AtP: {rho:.2f}")
+    missed = c.get("missed_fraction")
+    if missed is None:
+        text.append(
+            "no sampled feature's real effect clears epsilon's sequence-level equivalent, so "
+            "AtP's misses cannot be counted here"
+        )
+    else:
+        text.append(
+            f"AtP misses {pct(missed)} of the sampled features whose real effect clears "
+            "epsilon's equivalent; this is a fraction of the sample, which over-represents "
+            "the top of the AtP ranking, not of all features"
+        )
+    doc.p("; ".join(text) + ".")
+
+
+def _compute(ctx: Context) -> dict:
+    cfg = ctx.analysis_cfg
+    return atp_vs_ablation(
+        ctx.load_lm(),
+        ctx.store,
+        ctx.saes,
+        ctx.scores,
+        ctx.epsilon,
+        ctx.analysis["percentile"],
+        cfg.ablation_features,
+        cfg.ablation_sequences,
+        seed=ctx.seed,
+    )
+
+
+CONTROL = Control(
+    "ablation", "AtP against real ablation", _compute, ablation_section, plot_ablation
+)

@@ -6,30 +6,13 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
-from .config import AnalysisConfig
+from ..config import AnalysisConfig
+from .counts import calibrate, counts, resampled_counts, wedge
 from .fit import estimate_kappa
 from .score import Scores
-from .wedge import calibrate, counts, resampled_counts, wedge
-
-# The paper's headline numbers (Gemma-2-2B layer 12, widths 16,384..1,048,576; METHOD.md
-# section 3), carried into every results.json so the report can set them side by side.
-PAPER = {
-    "source": "Sarkar & Deka, arXiv 2605.08740, Gemma-2-2B layer 12, widths 16,384..1,048,576",
-    "d_model": 2304,
-    "width_ratio": 64,
-    "n_repr_growth": 15.6,
-    "n_causal_growth": 4.35,
-    "inert_fraction": 0.979,
-    "kappa_hat": 1990,
-    "kappa_hat_95": [545, 5130],
-    "kappa_over_d": 0.86,
-    "kappa_pr": 280,
-    "coverage": 0.72,
-    "width_full_recovery": 2_600_000,
-}
+from .stats import interval_95
 
 ATP_EDGES = [x / 4 for x in range(-24, 13)]  # log10(AtP / epsilon), -6 .. 3
 
@@ -47,10 +30,6 @@ def atp_histogram(atp: torch.Tensor, epsilon: float) -> dict:
         "below_range": int((rel < lo).sum()),
         "above_range": int((rel > hi).sum()),
     }
-
-
-def _interval(values: np.ndarray) -> list[float]:
-    return [float(q) for q in np.quantile(values, [0.025, 0.975])] if len(values) else []
 
 
 def analyze(
@@ -82,8 +61,8 @@ def analyze(
             "atp_max": float(scores[m].atp.max()),
         }
         if boot is not None:
-            row["n_causal_95"] = _interval(boot["n_causal"][:, j])
-            row["n_repr_95"] = _interval(boot["n_repr"][:, j])
+            row["n_causal_95"] = interval_95(boot["n_causal"][:, j])
+            row["n_repr_95"] = interval_95(boot["n_repr"][:, j])
         rows.append(row)
 
     n_causal = [per_width[m]["n_causal"] for m in widths]
@@ -100,13 +79,18 @@ def analyze(
         "reference_width": reference,
         "percentile": cfg.percentile,
         "epsilon": epsilon,
-        "epsilon_95": [] if boot is None else _interval(boot["epsilon"]),
+        "epsilon_95": [] if boot is None else interval_95(boot["epsilon"]),
         "n_eval_tokens": scores[reference].n_tokens,
         "blocks": len(scores[reference].tokens),
         "bootstrap": cfg.bootstrap,
         "per_width": rows,
         "wedge": growth,
         "kappa": kappa,
+        # whether kappa <= d changes any form's fit (else one table says both)
+        "constraint_binds": any(
+            kappa["free"]["fits"][f]["kappa"] != kappa["at_most_d"]["fits"][f]["kappa"]
+            for f in kappa["free"]["fits"]
+        ),
         "warnings": _warnings(widths, n_causal, growth, kappa, d_model),
     }
 

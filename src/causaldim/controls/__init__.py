@@ -1,0 +1,168 @@
+"""The paper's controls (METHOD.md section 4), computed from the same store and sweep as
+the headline numbers: what kappa_hat measures, and what it does not.
+
+A control is one module of this package that defines CONTROL = Control(...): how it is
+computed from a Context, its report section and, where one helps, its figure. NAMES
+registers it (and orders the report). Its result is plain data in
+results.json["controls"][name], holding every number the section shows.
+
+This module imports no control at import time, so that config can read NAMES.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..config import AnalysisConfig, HarvestConfig, SweepConfig
+    from ..executors import Executor
+    from ..harvest import Plan, Store
+    from ..measure.layer import Measurement
+    from ..model.load import LoadedModel
+    from ..report.doc import Doc
+
+NAMES = (
+    "thresholds",
+    "architectures",
+    "l0",
+    "four_cell",
+    "geometry",
+    "synthetic",
+    "task",
+    "depth",
+    "scale",
+    "ablation",
+)
+
+
+@dataclass(frozen=True)
+class Control:
+    name: str
+    title: str
+    compute: Callable[[Context], dict]
+    section: Callable[[Doc, dict], None]  # the report's text, from the result alone
+    plot: Callable[[dict, Path], Path] | None = None
+    per_architecture: bool = True  # runs on the headline architecture, and says so
+    trains_own_saes: bool = False  # measures SAEs of its own: not with --sae-paths
+    # What the control asks of the run before it starts (None: nothing):
+    widen_sweep: Callable[[SweepConfig], SweepConfig] | None = None  # SAEs it needs trained
+    extra_layers: Callable[[AnalysisConfig, int, int], list[int]] | None = None  # (cfg,
+    # n_layers, layer) -> layers harvested in the same pass
+    side_plan: Callable[[HarvestConfig, AnalysisConfig, Plan], Plan | None] | None = None
+    # another model's harvest, planned with the run's
+
+
+def get(name: str) -> Control:
+    return importlib.import_module(f"{__name__}.{name}").CONTROL
+
+
+@dataclass
+class Context:
+    """What a control computes from: the headline layer's store and measurement, the
+    settings, and the means to measure beyond them (the model, other layers' stores,
+    another model's plan)."""
+
+    store: Store
+    here: Measurement  # every architecture's SAEs, scores, evals and analysis
+    headline: str  # the architecture the controls run on
+    sweep_cfg: SweepConfig  # as run
+    analysis_cfg: AnalysisConfig
+    seed: int
+    out: Path
+    load_lm: Callable[[], LoadedModel]  # loads the model on first use
+    executor: Executor
+    stores: dict[int, Store]  # every layer of the pass, the headline's included
+    plan: Plan
+    side_plans: dict[str, Plan | None]
+
+    @property
+    def saes(self):
+        return self.here.saes[self.headline]
+
+    @property
+    def scores(self):
+        return self.here.scores[self.headline]
+
+    @property
+    def analysis(self) -> dict:
+        return self.here.analysis[self.headline]
+
+    @property
+    def epsilon(self) -> float:
+        return self.analysis["epsilon"]
+
+    @cached_property
+    def one_architecture(self) -> SweepConfig:
+        """The sweep for measurements beyond this store: the headline architecture only."""
+        return replace(self.sweep_cfg, architectures=[self.headline])
+
+    @cached_property
+    def without_controls(self) -> AnalysisConfig:
+        return replace(self.analysis_cfg, controls=[])
+
+    def measure_other(self, store: Store, folder: Path) -> Measurement:
+        """Another store measured with the headline's settings: one architecture, no
+        controls of its own, SAEs and scores under folder."""
+        from ..measure.layer import measure_layer
+
+        return measure_layer(
+            store,
+            folder,
+            self.one_architecture,
+            self.without_controls,
+            self.seed,
+            progress=False,
+            seconds={},
+            executor=self.executor,
+        )
+
+
+def run_controls(names: list[str], ctx: Context, progress=None) -> dict:
+    """The selected controls, in the order given; progress(name) before each."""
+    from ..faults import fault_point
+
+    out = {}
+    for name in names:
+        if progress:
+            progress(name)
+        fault_point(f"control.{name}")
+        control = get(name)
+        result = control.compute(ctx)
+        out[name] = {"architecture": ctx.headline, **result} if control.per_architecture else result
+    return out
+
+
+def control_figures(results: dict, folder: Path) -> dict[str, tuple[Path, Callable]]:
+    """The figures of the controls in results.json that ran and have one: key, path and
+    how to draw it."""
+    figures = {}
+    for name, c in results.get("controls", {}).items():
+        control = get(name)
+        if control.plot is not None and "skipped" not in c:
+            figures[f"control_{name}"] = (
+                folder / "figures" / f"control_{name}.png",
+                lambda p, plot=control.plot, c=c: plot(c, p),
+            )
+    return figures
+
+
+def report_controls(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
+    """The controls' sections of the report."""
+    controls = results.get("controls") or {}
+    if not controls:
+        return
+    doc.h(2, "Controls")
+    for name, c in controls.items():
+        control = get(name)
+        doc.h(3, control.title + (f" ({c['architecture']})" if "architecture" in c else ""))
+        if "skipped" in c:
+            doc.p(f"Not run: {c['skipped']}.")
+            continue
+        if f"control_{name}" in figures:
+            doc.img(figures[f"control_{name}"], control.title)
+        control.section(doc, c)

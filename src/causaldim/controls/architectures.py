@@ -1,0 +1,126 @@
+"""Control 'architectures': the sweep with TopK, JumpReLU and ReLU SAEs at matched L0,
+N_causal growth and kappa_hat side by side. A property of the layer should not depend on
+the dictionary that reads it."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from ..config import SweepConfig
+from ..report.doc import Doc
+from ..report.figures import finish, pyplot
+from ..report.fmt import ci, growth, num
+from ..sae import ARCHITECTURES
+from . import Control
+
+
+def architecture_invariance(sweep: dict[str, dict]) -> dict:
+    """N_causal growth and kappa_hat of each architecture's sweep, side by side."""
+    rows = []
+    for arch, a in sweep.items():
+        rows.append(
+            {
+                "architecture": arch,
+                "epsilon": a["epsilon"],
+                "n_causal": [r["n_causal"] for r in a["per_width"]],
+                "n_repr": [r["n_repr"] for r in a["per_width"]],
+                "n_causal_growth": a["wedge"]["n_causal_growth"],
+                "n_repr_growth": a["wedge"]["n_repr_growth"],
+                "kappa_hat": a["kappa"]["free"]["kappa"],
+                "kappa_95": a["kappa"]["free"]["interval_95"],
+                "kappa_at_most_d": a["kappa"]["at_most_d"]["kappa"],
+                "n_causal_grows": (a["wedge"]["n_causal_growth"] or 0) > 1,
+            }
+        )
+    kappas = [r["kappa_hat"] for r in rows if r["kappa_hat"] > 0]
+    return {
+        "widths": [r["width"] for r in next(iter(sweep.values()))["per_width"]],
+        "rows": rows,
+        "kappa_spread": max(kappas) / min(kappas) if len(kappas) > 1 else None,
+    }
+
+
+def plot_architectures(c: dict, path: Path) -> Path:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.4))
+    for i, r in enumerate(c["rows"]):
+        ax.plot(
+            c["widths"],
+            [max(v, 0.5) for v in r["n_causal"]],
+            "o-",
+            color=f"C{i}",
+            label=f"{r['architecture']} N_causal",
+        )
+        ax.plot(
+            c["widths"],
+            r["n_repr"],
+            "s:",
+            color=f"C{i}",
+            alpha=0.6,
+            label=f"{r['architecture']} N_repr",
+        )
+    return finish(
+        fig,
+        ax,
+        path,
+        "SAE width m",
+        "features (0 drawn at 0.5)",
+        "The wedge per architecture, at matched L0",
+        log_x=True,
+        log_y=True,
+    )
+
+
+def architectures_section(doc: Doc, c: dict) -> None:
+    doc.table(
+        [
+            "architecture",
+            "epsilon",
+            "N_causal per width",
+            "N_causal growth",
+            "N_repr growth",
+            "kappa_hat [95%]",
+        ],
+        [
+            [
+                r["architecture"],
+                f"{r['epsilon']:.3g}",
+                " / ".join(map(str, r["n_causal"])),
+                growth(r["n_causal_growth"]),
+                growth(r["n_repr_growth"]),
+                f"{num(r['kappa_hat'])} {ci(r['kappa_95'])}",
+            ]
+            for r in c["rows"]
+        ],
+    )
+    spread = c.get("kappa_spread")
+    grows = {r["architecture"]: r["n_causal_grows"] for r in c["rows"]}
+    text = (
+        f"N_causal grows with width for {', '.join(a for a, g in grows.items() if g) or 'none'}"
+        f" of {len(grows)} architectures"
+    )
+    if spread is not None:
+        text += (
+            f"; kappa_hat differs by a factor {spread:.2f} across them (each calibrated on its "
+            "own smallest width). A property of the layer should not depend on the dictionary "
+            "that reads it; a large factor says the estimate does"
+        )
+    doc.p(text + ".")
+
+
+def every_architecture(sweep: SweepConfig) -> SweepConfig:
+    """The sweep this control needs: every architecture, the requested ones first."""
+    archs = list(dict.fromkeys([*sweep.architectures, *ARCHITECTURES]))
+    return dataclasses.replace(sweep, architectures=archs)
+
+
+CONTROL = Control(
+    "architectures",
+    "Architecture invariance",
+    lambda ctx: architecture_invariance(ctx.here.analysis),
+    architectures_section,
+    plot_architectures,
+    per_architecture=False,
+    widen_sweep=every_architecture,
+)

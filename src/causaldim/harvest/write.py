@@ -1,0 +1,246 @@
+"""Harvesting: the model pass over both splits, written to one store per harvested layer
+(train split: h; eval split: h, g and the probe products). Everything downstream reads
+the stores only."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from tqdm.auto import tqdm
+
+from .. import versions
+from ..config import HarvestConfig
+from ..errors import IntegrityError
+from ..faults import fault_point
+from ..fileio import write_sealed_json
+from ..model.load import LoadedModel, load_model
+from .model_pass import grads_at, residuals_at
+from .plan import Plan, plan
+from .store import FORMAT, MANIFEST, ShardWriter, Store, UnfinishedStore
+
+
+class HarvestResult(NamedTuple):
+    store: Store  # the headline layer's
+    reused: bool
+    lm: LoadedModel | None = None  # the loaded model, when the pass ran (for reuse)
+    stores: dict[int, Store] | None = None  # every planned layer's, the headline's included
+
+
+class _OutlierStats:
+    """Counts outliers and the share of the residual variance they carry."""
+
+    def __init__(self, d: int):
+        self.n = {"all": 0, "outlier": 0}
+        self.sum = {k: torch.zeros(d, dtype=torch.float64) for k in self.n}
+        self.sq = {k: 0.0 for k in self.n}
+
+    def add(self, h: torch.Tensor, outlier: torch.Tensor) -> None:
+        h = h.double()
+        for k, rows in (("all", h), ("outlier", h[outlier])):
+            self.n[k] += len(rows)
+            self.sum[k] += rows.sum(0)
+            self.sq[k] += float((rows * rows).sum())
+
+    def variance_share(self) -> float:
+        if not self.n["all"]:
+            return 0.0
+        mu = self.sum["all"] / self.n["all"]
+
+        def spread(k):  # sum over rows of ||h - mu||^2
+            return self.sq[k] - 2 * float(mu @ self.sum[k]) + self.n[k] * float(mu @ mu)
+
+        total = spread("all")
+        return spread("outlier") / total if total > 0 else 0.0
+
+
+def _existing(root: Path, key: dict, repair: bool) -> Store | None:
+    """The finished store of this key under root, or None (absent, unfinished, another
+    key, or damaged with repair). A damaged store is named, never silently reused."""
+    try:
+        store = Store(root)
+        if store.manifest.get("key") != key:
+            return None
+        store.verify()
+    except UnfinishedStore:
+        return None
+    except IntegrityError:
+        if repair:
+            return None
+        raise
+    return store
+
+
+class _LayerOutput:
+    """What the pass collects for one layer: its outlier threshold, writers and counts."""
+
+    def __init__(self, root: Path, threshold: float, median_norm: float, d: int):
+        self.root, self.threshold, self.median_norm = root, threshold, median_norm
+        self.stats = _OutlierStats(d)
+        self.splits: dict[str, dict] = {}
+
+
+def harvest(cfg: HarvestConfig, progress: bool = True, the_plan: Plan | None = None):
+    """Run the model pass for cfg (or reuse finished, matching stores): one pass writes
+    the store of every planned layer that has none yet."""
+    p = the_plan or plan(cfg)
+    cfg = p.config  # device, dtype and batch size resolved
+    stores = {i: _existing(p.store_dirs[i], p.keys[i], cfg.repair) for i in p.store_dirs}
+    missing = [i for i, s in stores.items() if s is None]
+    if not missing:
+        return HarvestResult(stores[p.layer], reused=True, stores=stores)
+    for i in missing:
+        if p.store_dirs[i].exists():  # an unfinished store of this same request: redo it
+            print(
+                f"causaldim: note: store {p.store_dirs[i].name} is unfinished (no manifest); "
+                "harvesting it again",
+                file=sys.stderr,
+            )
+            shutil.rmtree(p.store_dirs[i])
+        p.store_dirs[i].mkdir(parents=True)
+
+    t0 = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    lm = load_model(p.source, cfg.dtype, p.layers_path, cfg.device)
+    seconds = {"load_model": time.perf_counter() - t0}
+
+    # Each layer's outlier threshold comes from the median norm of a fixed calibration batch.
+    calib = residuals_at(lm, missing, p.splits.train[: max(cfg.batch_size, 16)])
+    outputs = {}
+    for i in missing:
+        median_norm = float(calib[i].float()[:, 1:].norm(dim=-1).median())
+        outputs[i] = _LayerOutput(
+            p.store_dirs[i], cfg.outlier_factor * median_norm, median_norm, p.source.d_model
+        )
+
+    for name, seqs in (("eval", p.splits.eval), ("train", p.splits.train)):
+        t = time.perf_counter()
+        _harvest_split(lm, p, name, seqs, outputs, progress)
+        seconds[name] = time.perf_counter() - t
+        for out in outputs.values():
+            out.splits[name]["tokens_per_second"] = out.splits[name]["n_tokens"] / seconds[name]
+
+    for i, out in outputs.items():
+        manifest = _manifest(p, i, out, seconds, shared_with=missing)
+        write_sealed_json(out.root / MANIFEST, manifest)
+        stores[i] = Store(out.root)
+    return HarvestResult(stores[p.layer], reused=p.layer not in missing, lm=lm, stores=stores)
+
+
+def _manifest(p: Plan, layer: int, out: _LayerOutput, seconds: dict, shared_with) -> dict:
+    cfg = p.config
+    return {
+        "format": FORMAT,
+        "key": p.keys[layer],
+        "model": {
+            "identity": p.model_identity,
+            "kind": p.source.kind,
+            "n_layers": p.source.n_layers,
+            "d_model": p.source.d_model,
+            "vocab_size": int(p.source.config.vocab_size),
+        },
+        "layer": layer,
+        "layers_path": p.layers_path,
+        "site": f"output of block {layer} ({p.layers_path}[{layer}])",
+        "loss": "next-token cross-entropy summed over positions; g = dLoss/dh",
+        "probes": {
+            "u_logits": f"{cfg.logit_probes} Gaussian probe(s) v ~ N(0, I_vocab) per "
+            "position; u = J^T v",
+            "u_fisher": f"{cfg.fisher_probes} probe(s) v = onehot(y) - p, y ~ softmax; u = J^T v",
+        },
+        "corpus": {**p.corpus.describe(), "sequences_available": p.splits.n_available},
+        "seq_len": cfg.seq_len,
+        "dtype": cfg.dtype,
+        "store_dtype": cfg.store_dtype,
+        "seed": cfg.seed,
+        "outliers": {
+            "rule": "position 0, or residual norm > factor x median norm (median over "
+            "positions >= 1 of a calibration batch of train sequences)",
+            "factor": cfg.outlier_factor,
+            "median_norm": out.median_norm,
+            "threshold": out.threshold,
+            "n_outliers": sum(s["n_outliers"] for s in out.splits.values()),
+            "n_tokens": sum(s["n_tokens"] for s in out.splits.values()),
+            "variance_share": out.stats.variance_share(),
+        },
+        "splits": out.splits,
+        "pass_layers": sorted(shared_with),  # the seconds are of the whole shared pass
+        "versions": versions("causaldim", "torch", "transformers"),
+        "seconds": seconds,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _harvest_split(lm, p: Plan, name, seqs, outputs: dict[int, _LayerOutput], progress) -> None:
+    cfg = p.config
+    writers = {
+        i: ShardWriter(out.root, name, cfg.store_dtype, cfg.shard_tokens)
+        for i, out in outputs.items()
+    }
+    n_outliers = dict.fromkeys(outputs, 0)
+    loss_sum, n_pred = 0.0, 0
+    bar = tqdm(total=seqs.numel(), desc=f"{name} pass", unit="tok", disable=not progress)
+    for start in range(0, len(seqs), cfg.batch_size):
+        ids = seqs[start : start + cfg.batch_size]
+        per_layer: dict[int, tuple[torch.Tensor, dict]] = {}
+        if name == "eval":
+            # One generator per batch, so that probes do not depend on batching history.
+            gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + start)
+            grads = grads_at(lm, outputs, ids, cfg.logit_probes, cfg.fisher_probes, gen)
+            for i, out in grads.items():
+                cols = {"g": out.g, "u_logits": out.u_logits, "u_fisher": out.u_fisher}
+                per_layer[i] = (out.h, {k: v for k, v in cols.items() if v is not None})
+            first = next(iter(grads.values()))
+            loss_sum, n_pred = loss_sum + first.loss_sum, n_pred + first.n_predictions
+        else:
+            per_layer = {i: (h, {}) for i, h in residuals_at(lm, outputs, ids).items()}
+        per_layer = {
+            i: (h.cpu(), {k: v.cpu() for k, v in cols.items()})
+            for i, (h, cols) in per_layer.items()
+        }
+        b, t = ids.shape
+        pos = torch.arange(t, dtype=torch.int32).repeat(b)
+        seq = torch.arange(start, start + b, dtype=torch.int32).repeat_interleave(t)
+        for i, (h, cols) in per_layer.items():
+            _check_finite(f"{name} pass at layer {i}", start, h, *cols.values())
+            flat = h.flatten(0, 1)
+            outlier = (pos == 0) | (flat.float().norm(dim=-1) > outputs[i].threshold)
+            outputs[i].stats.add(flat.float(), outlier)
+            n_outliers[i] += int(outlier.sum())
+            writers[i].add(
+                h=flat,
+                **{k: v.flatten(0, 1) for k, v in cols.items()},
+                token=ids.flatten().to(torch.int32),
+                pos=pos,
+                seq=seq,
+                outlier=outlier,
+            )
+        bar.update(ids.numel())
+        fault_point("harvest.batch")
+    bar.close()
+    for i, writer in writers.items():
+        writer.flush()
+        info = {
+            "n_sequences": len(seqs),
+            "n_tokens": seqs.numel(),
+            "n_outliers": n_outliers[i],
+            "fields": writer.fields,
+            "shards": writer.shards,
+        }
+        if name == "eval":
+            info["mean_loss"] = loss_sum / n_pred
+        outputs[i].splits[name] = info
+
+
+def _check_finite(stage: str, first_seq: int, *tensors: torch.Tensor) -> None:
+    for x in tensors:
+        bad = ~torch.isfinite(x).flatten(2).all(-1)  # [B, T]
+        if bad.any():
+            where = [(first_seq + int(i), int(j)) for i, j in bad.nonzero()[:5]]
+            raise FloatingPointError(
+                f"non-finite values in the {stage} at (sequence, position) {where}"
+            )

@@ -1,0 +1,104 @@
+"""Everything measured at one layer from its store: direct Sigma, the SAE sweep (trained
+or imported), CE loss recovered where the model is at hand, AtP scores, and each
+architecture's counts and fits."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+from ..config import AnalysisConfig, SweepConfig
+from ..devices import resolve_device
+from ..executors import Executor, LocalExecutor
+from ..faults import fault_point
+from ..harvest.store import Store
+from ..model.load import LoadedModel
+from ..sae import SAE
+from .analysis import analyze
+from .score import ScoreJob, Scores, load_scores, score_job
+from .sigma import measure
+from .sweep import SweepEntry, load_entries, splice_evaluation, sweep_saes
+
+
+class Measurement(NamedTuple):
+    """Everything measured at one layer from its store; per architecture, then width."""
+
+    sigma: dict  # reading -> SigmaEstimate
+    entries: list[SweepEntry]
+    saes: dict[str, dict[int, SAE]]
+    scores: dict[str, dict[int, Scores]]
+    evals: dict[str, dict[int, dict]]
+    analysis: dict[str, dict]
+    ce: dict | None
+
+    def sigma_dicts(self) -> dict:
+        """The Sigma estimates as results.json holds them."""
+        return {reading: est.to_dict() for reading, est in self.sigma.items()}
+
+
+def measure_layer(
+    store: Store,
+    out: Path,
+    sweep_cfg: SweepConfig,
+    analysis_cfg: AnalysisConfig,
+    seed: int,
+    progress: bool,
+    seconds: dict,
+    load_lm: Callable[[], LoadedModel] | None = None,
+    repair: bool = False,
+    executor: Executor | None = None,
+) -> Measurement:
+    """Direct Sigma, the SAE sweep (SAEs under out/saes, trained or imported), AtP scores
+    and the analysis of one store, the training and scoring jobs on executor (default: in
+    this process, on the CPU); with load_lm, each SAE is also spliced into the model (CE
+    recovered). Each stage's seconds go into `seconds`."""
+
+    def timed(name: str, work):
+        fault_point(f"stage.{name}")
+        t = time.perf_counter()
+        value = work()
+        seconds[name] = time.perf_counter() - t
+        return value
+
+    executor = executor or LocalExecutor()
+    device = resolve_device(executor.device)  # under Ray, the driver's
+    sigma = timed("sigma", lambda: measure(store, analysis_cfg, seed, device))
+    entries = timed(
+        "sweep", lambda: sweep_saes(store, out, sweep_cfg, seed, progress, repair, executor)
+    )
+    named = load_entries(entries)
+    ce = None
+    if sweep_cfg.ce_sequences and load_lm is not None:
+        seqs = store.token_ids("eval", sweep_cfg.ce_sequences)
+        ce = timed("ce_loss_recovered", lambda: splice_evaluation(load_lm(), store, seqs, named))
+    saes, scores, evals = {}, {}, {}
+    t = time.perf_counter()
+    jobs = [
+        ScoreJob(
+            str(store.root),
+            str(e.folder),
+            analysis_cfg.blocks,
+            analysis_cfg.read_tokens,
+            str(out / "scores" / f"{e.architecture}-w{e.width}.safetensors"),
+        )
+        for e in entries
+    ]
+    scored = [load_scores(p) for p in executor.map(score_job, jobs, "AtP scores", progress)]
+    for e, (name, sae), s in zip(entries, named.items(), scored, strict=True):
+        scores.setdefault(e.architecture, {})[e.width] = s
+        saes.setdefault(e.architecture, {})[e.width] = sae
+        ev = dict(e.meta["eval"])
+        if ce is not None:
+            ev["ce_loss_recovered"] = ce["saes"][name]["ce_loss_recovered"]
+        evals.setdefault(e.architecture, {})[e.width] = ev
+    seconds["scores"] = time.perf_counter() - t
+    analysis = timed(
+        "analysis",
+        lambda: {
+            arch: analyze(scores[arch], evals[arch], store.d_model, analysis_cfg, seed)
+            for arch in scores
+        },
+    )
+    return Measurement(sigma, entries, saes, scores, evals, analysis, ce)

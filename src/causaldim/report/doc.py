@@ -1,0 +1,78 @@
+"""A report as a list of blocks (headings, paragraphs, lists, tables, figures), written
+out both as Markdown and as self-contained HTML."""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+
+
+class Doc:
+    """A report as a list of blocks, written out both as Markdown and as HTML."""
+
+    def __init__(self):
+        self.blocks: list[tuple] = []
+
+    def h(self, level: int, text: str):
+        self.blocks.append(("h", level, text))
+
+    def p(self, text: str):
+        self.blocks.append(("p", text))
+
+    def ul(self, items: list[str]):
+        if items:
+            self.blocks.append(("ul", items))
+
+    def table(self, header: list[str], rows: list[list]):
+        self.blocks.append(("table", header, [[str(c) for c in r] for r in rows]))
+
+    def img(self, path: Path, alt: str):
+        self.blocks.append(("img", path, alt))
+
+    def markdown(self, base: Path) -> str:
+        out = []
+        for b in self.blocks:
+            if b[0] == "h":
+                out.append("#" * b[1] + " " + b[2])
+            elif b[0] == "p":
+                out.append(b[1])
+            elif b[0] == "ul":
+                out.append("\n".join(f"- {x}" for x in b[1]))
+            elif b[0] == "table":
+                out.append(
+                    "\n".join(
+                        "| " + " | ".join(r) + " |" for r in [b[1], ["---"] * len(b[1]), *b[2]]
+                    )
+                )
+            elif b[0] == "img":
+                out.append(f"![{b[2]}]({b[1].relative_to(base).as_posix()})")
+        return "\n\n".join(out) + "\n"
+
+    def html(self, title: str) -> str:
+        e = html.escape
+        out = [
+            "<!doctype html><html><head><meta charset='utf-8'>",
+            f"<title>{e(title)}</title><style>body{{font-family:sans-serif;max-width:980px;"
+            "margin:2em auto;line-height:1.45}table{border-collapse:collapse;margin:1em 0}"
+            "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+            "th{background:#f3f3f3}td:first-child{text-align:left}img{max-width:100%}"
+            "</style></head><body>",
+        ]
+        for b in self.blocks:
+            if b[0] == "h":
+                out.append(f"<h{b[1]}>{e(b[2])}</h{b[1]}>")
+            elif b[0] == "p":
+                out.append(f"<p>{e(b[1])}</p>")
+            elif b[0] == "ul":
+                out.append("<ul>" + "".join(f"<li>{e(x)}</li>" for x in b[1]) + "</ul>")
+            elif b[0] == "table":
+                head = "".join(f"<th>{e(c)}</th>" for c in b[1])
+                body = "".join(
+                    "<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in b[2]
+                )
+                out.append(f"<table><tr>{head}</tr>{body}</table>")
+            elif b[0] == "img":  # inlined, so that the file travels alone
+                data = base64.b64encode(b[1].read_bytes()).decode()
+                out.append(f"<img alt='{e(b[2])}' src='data:image/png;base64,{data}'>")
+        return "\n".join(out + ["</body></html>\n"])

@@ -1,0 +1,177 @@
+"""The run's figures, rendered from results.json alone (the controls' own figures live in
+their modules), and the helpers every figure uses."""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+from ..fileio import atomic_write_bytes
+from ..measure.fit import curve
+from ..measure.sigma import DIRECT
+
+READING_LABELS = {
+    "loss": "loss  (E[g g^T])",
+    "logits": "logits (E[J^T J], Gaussian probes)",
+    "fisher": "fisher (output Fisher, sampled y)",
+    "activations": "activations (covariance of h, reference)",
+}
+
+
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save(fig, path: Path) -> Path:
+    """The figure as a PNG, written atomically like every other artifact."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=130)
+    pyplot().close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
+    return path
+
+
+def finish(fig, ax, path: Path, xlabel, ylabel, title, log_x: bool, log_y: bool) -> Path:
+    if log_x:
+        ax.set_xscale("log")
+    if log_y:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return save(fig, path)
+
+
+def plot_sigma(results: dict, path: Path) -> Path:
+    """Normalised spectra of every Sigma reading, and erank against sample count."""
+    plt = pyplot()
+    sigma = results["sigma"]
+    d = results["store"]["model"]["d_model"]
+    fig, (ax_spec, ax_conv) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for reading, est in sigma.items():
+        lam = [max(x, 0.0) for x in est["eigenvalues"]]
+        total = sum(lam) or 1.0
+        style = "--" if reading == "activations" else "-"
+        ax_spec.loglog(
+            range(1, len(lam) + 1),
+            [x / total for x in lam],
+            style,
+            label=f"{READING_LABELS.get(reading, reading)}: erank {est['erank']:.0f}, "
+            f"PR {est['participation_ratio']:.0f}",
+        )
+        conv = est["convergence"]
+        ax_conv.semilogx(
+            [c["n_samples"] for c in conv], [c["erank"] for c in conv], style + "o", label=reading
+        )
+        if est.get("bootstrap"):  # the interval need not contain the (biased) estimate
+            lo, hi = est["bootstrap"]["erank_95"]
+            ax_conv.vlines(
+                conv[-1]["n_samples"], lo, hi, lw=3, alpha=0.6, color=ax_conv.lines[-1].get_color()
+            )
+    ax_spec.set_xlabel("eigenvalue index")
+    ax_spec.set_ylabel("eigenvalue / trace")
+    ax_spec.set_title(f"Sigma spectra, layer {results['store']['layer']} (d = {d})")
+    ax_spec.legend(fontsize=7)
+    ax_conv.axhline(d, color="grey", lw=0.8, ls=":")
+    from matplotlib.ticker import NullFormatter
+
+    ax_conv.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide on a log axis
+    ax_conv.set_xlabel("rank-1 samples")
+    ax_conv.set_ylabel("erank")
+    ax_conv.set_title("convergence (95% bootstrap interval at the end)")
+    ax_conv.legend(fontsize=7)
+    fig.tight_layout()
+    return save(fig, path)
+
+
+def plot_wedge(results: dict, arch: str, path: Path) -> Path:
+    """N_repr and N_causal against width with intervals, the fitted curves with kappa_hat
+    and its interval, d, and the direct eranks beside them."""
+    plt = pyplot()
+    a = results["sweep"][arch]
+    rows = a["per_width"]
+    widths = [r["width"] for r in rows]
+    d = results["store"]["model"]["d_model"]
+    fig, ax = plt.subplots(figsize=(10.5, 5.2))
+    for key, label, color in (("n_repr", "N_repr (fire)", "C0"), ("n_causal", "N_causal", "C3")):
+        y = [r[key] for r in rows]
+        err = None
+        if all(r.get(f"{key}_95") for r in rows):
+            err = [
+                [max(v - r[f"{key}_95"][0], 0) for v, r in zip(y, rows, strict=True)],
+                [max(r[f"{key}_95"][1] - v, 0) for v, r in zip(y, rows, strict=True)],
+            ]
+        ax.errorbar(widths, y, yerr=err, fmt="o", color=color, capsize=3, label=label)
+    grid = [widths[0] * (widths[-1] * 8 / widths[0]) ** (i / 200) for i in range(201)]
+    for name, style in (("free", "-"), ("at_most_d", "--")):
+        k = a["kappa"][name]
+        fit = k["fits"][k["form"]]
+        lo, hi = k["interval_95"]
+        bound = "" if name == "free" else " (kappa <= d)"
+        ax.plot(
+            grid,
+            curve(k["form"], fit["kappa"], fit["params"], grid),
+            style,
+            color="C3",
+            lw=1.2,
+            label=f"{k['form']} fit{bound}: kappa_hat {k['kappa']:.0f} [{lo:.0f}, {hi:.0f}]",
+        )
+        if name == "free" and not math.isnan(lo):
+            ax.axhspan(lo, hi, color="C3", alpha=0.08)
+    ax.axhline(d, color="black", lw=0.8, ls=":", label=f"d = {d}")
+    for i, reading in enumerate(r for r in DIRECT if r in results.get("sigma", {})):
+        est = results["sigma"][reading]
+        ax.axhline(
+            est["erank"],
+            color=f"C{4 + i}",
+            lw=1,
+            ls="-.",
+            label=f"direct erank, {reading}: {est['erank']:.0f}",
+        )
+    ax.axvline(widths[-1], color="grey", lw=0.6)
+    ax.set_xscale("log")
+    ax.set_yscale("symlog", linthresh=1)  # logarithmic above 1, and zero counts still show
+    top = max([r["n_repr"] for r in rows] + [d])
+    ax.set_ylim(0, top * 2)
+    ax.set_xlabel("SAE width m")
+    ax.set_ylabel("features (log above 1)")
+    ax.set_title(
+        f"{arch} SAEs, layer {results['store']['layer']}: epsilon = "
+        f"{a['percentile']:g}th pct of AtP at width {a['reference_width']}"
+    )
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    return save(fig, path)
+
+
+def plot_atp(results: dict, arch: str, path: Path) -> Path:
+    """Per width: the distribution of log10(AtP / epsilon) over features."""
+    plt = pyplot()
+    a = results["sweep"][arch]
+    fig, ax = plt.subplots(figsize=(8, 4.4))
+    for i, r in enumerate(a["per_width"]):
+        h = r["atp_histogram"]
+        edges, counts = h["log10_edges"], h["counts"]
+        total = sum(counts) + h["zero"] or 1
+        ax.stairs(
+            [c / total for c in counts],
+            edges,
+            color=plt.cm.viridis(i / max(len(a["per_width"]) - 1, 1)),
+            label=f"m = {r['width']} ({h['zero']} never fired)",
+        )
+    ax.axvline(0, color="C3", lw=1, ls="--", label="epsilon")
+    ax.set_yscale("log")  # the few causal features sit in the right tail
+    ax.set_xlabel("log10(AtP / epsilon)")
+    ax.set_ylabel("fraction of features (log)")
+    ax.set_title(f"AtP score distributions, {arch} SAEs (right of the line: causal)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return save(fig, path)

@@ -1,0 +1,32 @@
+"""How numbers are written in reports: counts, fractions, intervals, growth factors
+(n/a where a value is missing or undefined)."""
+
+from __future__ import annotations
+
+import math
+
+
+def num(x, digits: int = 1) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    if isinstance(x, int) or (abs(x) >= 100 and digits <= 1):
+        return f"{x:,.0f}"
+    return f"{x:,.{digits}f}"
+
+
+def pct(x) -> str:
+    return "n/a" if x is None or math.isnan(x) else f"{100 * x:.1f}%"
+
+
+def ci(iv) -> str:
+    if not iv or any(math.isnan(v) for v in iv):
+        return "[n/a]"
+    return f"[{iv[0]:,.0f}, {iv[1]:,.0f}]"
+
+
+def sci(iv) -> str:
+    return f"[{iv[0]:.3g}, {iv[1]:.3g}]" if iv else "[n/a]"
+
+
+def growth(x) -> str:
+    return "n/a" if x is None else f"x{x:.2f}"

@@ -1,0 +1,50 @@
+"""Rendering a results.json into figures, report.md and report.html, without recomputing
+anything."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from ..controls import control_figures
+from ..fileio import atomic_write_bytes
+from .figures import plot_atp, plot_sigma, plot_wedge
+from .results import load_results
+from .sections import build_report
+
+
+def figure_plan(results: dict, folder: Path) -> dict[str, tuple[Path, Callable[[Path], Path]]]:
+    """Every figure of the report: its key, where it goes, and how it is drawn."""
+    figures: dict[str, tuple[Path, Callable[[Path], Path]]] = {}
+    if results.get("sigma"):
+        figures["sigma"] = (folder / "figures" / "sigma.png", lambda p: plot_sigma(results, p))
+    for arch in results.get("sweep", {}):
+        figures[f"wedge_{arch}"] = (
+            folder / "figures" / f"wedge_{arch}.png",
+            lambda p, arch=arch: plot_wedge(results, arch, p),
+        )
+        figures[f"atp_{arch}"] = (
+            folder / "figures" / f"atp_{arch}.png",
+            lambda p, arch=arch: plot_atp(results, arch, p),
+        )
+    figures.update(control_figures(results, folder))
+    return figures
+
+
+def render(results_path: Path | str, figures: bool = True, text: bool = True) -> list[Path]:
+    """The figures and the text reports (report.md, report.html) beside results.json, or
+    either alone; returns the paths written."""
+    results_path = Path(results_path)
+    results = load_results(results_path)
+    folder = results_path.parent
+    planned = figure_plan(results, folder)
+    written = [draw(path) for path, draw in planned.values()] if figures else []
+    if text:
+        drawn = {key: path for key, (path, _) in planned.items() if path.is_file()}
+        doc = build_report(results, drawn)
+        md, page = folder / "report.md", folder / "report.html"
+        atomic_write_bytes(md, doc.markdown(folder).encode())
+        name = results["inputs"]["model"]["name"]
+        atomic_write_bytes(page, doc.html(f"causaldim: {name}").encode())
+        written += [md, page]
+    return written

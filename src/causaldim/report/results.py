@@ -1,0 +1,107 @@
+"""results.json: its schema, how a run's stages are assembled into it, and reading it back
+(the single source of every number and figure in the report)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .. import __version__, versions
+from ..errors import UsageError
+from ..fileio import read_sealed_json, sha256_file
+from ..paper import PAPER
+
+if TYPE_CHECKING:
+    from ..config import AnalysisConfig, HarvestConfig, SweepConfig
+    from ..harvest import Store
+    from ..measure.layer import Measurement
+
+SCHEMA = "causaldim.results/2"
+
+
+def load_results(path: Path | str) -> dict:
+    """A results.json of this schema, or a one-line UsageError naming the fix."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"{path} does not exist; pass the results.json of a run")
+    results = read_sealed_json(path, "results (causaldim run with the same --out)")
+    schema = results.get("schema") if isinstance(results, dict) else None
+    if schema != SCHEMA:
+        raise UsageError(
+            f"{path} has schema {schema or 'none (an older causaldim)'}, this causaldim "
+            f"reads {SCHEMA}: re-run `causaldim run` with the same --out to rebuild it"
+        )
+    return results
+
+
+def build_results(
+    *,
+    preset: str,
+    harvest_cfg: HarvestConfig,
+    sweep_cfg: SweepConfig,
+    analysis_cfg: AnalysisConfig,
+    store: Store,
+    store_reused: bool,
+    out: Path,
+    here: Measurement,
+    controls: dict,
+    headline: str,
+    started: str,
+    seconds: dict,
+) -> dict:
+    """results.json of a run, from its resolved configs, the headline layer's store and
+    Measurement, and the controls' results."""
+    m = store.manifest
+    training = {
+        f"{e.architecture}-w{e.width}": {
+            "folder": str(e.folder.relative_to(out)),
+            "reused": e.reused,
+            "seconds": e.meta["train_stats"]["seconds"],
+            "steps": e.meta["train_stats"].get("steps"),
+        }
+        for e in here.entries
+    }
+    return {
+        "schema": SCHEMA,
+        "causaldim_version": __version__,
+        "preset": preset,
+        "config": {
+            "harvest": harvest_cfg.to_dict(),
+            "sweep": sweep_cfg.to_dict(),
+            "analysis": analysis_cfg.to_dict(),
+        },
+        "seed": harvest_cfg.seed,
+        "inputs": {
+            "model": m["model"]["identity"],
+            "corpus": m["corpus"],
+            "store": {
+                "path": str(store.root.relative_to(out)),
+                "manifest_sha256": sha256_file(store.root / "manifest.json"),
+                "key": m["key"],
+            },
+        },
+        "store": {
+            "reused": store_reused,
+            "model": m["model"],
+            "layer": m["layer"],
+            "site": m["site"],
+            "seq_len": m["seq_len"],
+            "tokens": {k: v["n_tokens"] for k, v in m["splits"].items()},
+            "throughput_tokens_per_second": {
+                k: v["tokens_per_second"] for k, v in m["splits"].items()
+            },
+            "outliers": m["outliers"],
+            "eval_mean_loss": m["splits"]["eval"]["mean_loss"],
+            "probes": {"logits": m["key"]["logit_probes"], "fisher": m["key"]["fisher_probes"]},
+        },
+        "sigma": here.sigma_dicts(),
+        "ce": None if here.ce is None else {k: v for k, v in here.ce.items() if k != "saes"},
+        "saes": training,
+        "sweep": here.analysis,
+        "controls": controls,
+        "headline": headline,
+        "paper": PAPER,
+        "versions": {**m["versions"], **versions("python", "numpy", "scipy")},
+        "started": started,
+        "seconds": seconds,
+    }

@@ -1,0 +1,292 @@
+"""The text of the report: the summary printed at the end of a run, and the report's
+sections (headline, beside the paper, each sweep, direct Sigma, the controls,
+provenance), each formatting numbers that results.json holds."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ..measure.sigma import DIRECT
+from .doc import Doc
+from .fmt import ci, num, pct, sci
+
+
+def sigma_table(results: dict) -> str:
+    """A plain-text table of the direct estimates."""
+    d = results["store"]["model"]["d_model"]
+    rows = [
+        f"{'reading':<12} {'erank':>8} {'95% interval':>17} {'erank/d':>8} {'PR':>7} "
+        f"{'samples':>9} {'per dim':>8}"
+    ]
+    for reading, est in results["sigma"].items():
+        lo, hi = (est.get("bootstrap") or {}).get("erank_95", [float("nan")] * 2)
+        rows.append(
+            f"{reading:<12} {est['erank']:8.1f} [{lo:7.1f}, {hi:7.1f}] "
+            f"{est['erank'] / d:8.3f} {est['participation_ratio']:7.1f} "
+            f"{est['n_samples']:9d} {est['samples_per_dim']:8.1f}"
+        )
+        if est.get("warning"):
+            rows.append(f"  warning: {est['warning']}")
+    return "\n".join(rows)
+
+
+def _hardware(config: dict) -> str:
+    h, sweep = config["harvest"], config["sweep"]
+    return (
+        f"ran on {h.get('device', 'cpu')}: model pass in {h['dtype']}, batches of "
+        f"{h['batch_size']} sequences; SAE encoder product in {sweep['sae_dtype']}; SAE jobs "
+        + ("on Ray" if sweep.get("executor") == "ray" else "in process")
+    )
+
+
+def summary(results: dict) -> str:
+    """The few lines printed at the end of a run."""
+    arch = results["headline"]
+    a = results["sweep"][arch]
+    free, bounded = a["kappa"]["free"], a["kappa"]["at_most_d"]
+    w = a["wedge"]
+    lines = [
+        f"{arch} sweep {a['per_width'][0]['width']}..{a['per_width'][-1]['width']}: "
+        f"N_repr x{num(w['n_repr_growth'], 2)}, N_causal x{num(w['n_causal_growth'], 2)} "
+        f"over x{w['width_ratio']:g} in width; epsilon {a['epsilon']:.3g}",
+        f"kappa_hat {free['kappa']:.0f} {ci(free['interval_95'])} ({free['form']}), "
+        f"kappa_hat/d {free['kappa_over_d']:.2f}, coverage {pct(free['coverage'])}; "
+        f"constrained to d: {bounded['kappa']:.0f} {ci(bounded['interval_95'])}",
+    ]
+    lines += [f"warning: {x}" for x in a["warnings"]]
+    return "\n".join(lines)
+
+
+def build_report(results: dict, figures: dict[str, Path]) -> Doc:
+    """The whole report, section by section."""
+    from ..controls import report_controls  # the controls render their own sections
+
+    doc = Doc()
+    title(doc, results)
+    headline(doc, results)
+    beside_paper(doc, results)
+    sweeps(doc, results, figures)
+    direct_sigma(doc, results, figures)
+    report_controls(doc, results, figures)
+    provenance(doc, results)
+    return doc
+
+
+def title(doc: Doc, results: dict) -> None:
+    s = results["store"]
+    d = s["model"]["d_model"]
+    name = results["inputs"]["model"]["name"]
+    doc.h(1, f"Causal dimensionality of {name}, layer {s['layer']}")
+    doc.p(
+        f"Residual stream at the {s['site']}, d = {d}; corpus "
+        f"{results['inputs']['corpus']['id']}; "
+        f"{s['tokens']['train']:,} train and {s['tokens']['eval']:,} eval tokens in sequences "
+        f"of {s['seq_len']}; outliers left out: {s['outliers']['n_outliers']:,} tokens "
+        f"carrying {pct(s['outliers']['variance_share'])} of the residual variance. "
+        f"Preset {results['preset']}, seed {results['seed']}, causaldim "
+        f"{results['causaldim_version']}, {results['seconds']['total']:.0f} s in all."
+    )
+
+
+def headline(doc: Doc, results: dict) -> None:
+    arch = results["headline"]
+    a = results["sweep"][arch]
+    free, bounded = a["kappa"]["free"], a["kappa"]["at_most_d"]
+    sigma = results.get("sigma", {})
+    doc.h(2, "Headline")
+    items = [
+        f"SAE estimate ({arch}, {free['form']} fit chosen by AIC): kappa_hat = "
+        f"{free['kappa']:,.0f}, 95% bootstrap interval {ci(free['interval_95'])}; "
+        f"kappa_hat / d = {free['kappa_over_d']:.2f}; coverage at the widest SAE "
+        f"N_causal(m_max) / kappa_hat = {pct(free['coverage'])}; 95% of kappa_hat is "
+        f"reached at width {num(free['width_95'])}.",
+        f"Constrained to kappa <= d: kappa_hat = {bounded['kappa']:,.0f} "
+        f"{ci(bounded['interval_95'])} ({bounded['form']}).",
+    ]
+    for reading in DIRECT:
+        if reading in sigma:
+            est = sigma[reading]
+            iv = (est.get("bootstrap") or {}).get("erank_95")
+            items.append(
+                f"Direct estimate, {reading}: erank(Sigma) = {est['erank']:.0f} {ci(iv)}, "
+                f"erank/d = {est['erank_over_d']:.2f}, PR = {est['participation_ratio']:.0f}."
+            )
+    w = a["wedge"]
+    items.append(
+        f"The wedge over x{w['width_ratio']:g} in width: N_repr grows "
+        f"x{num(w['n_repr_growth'], 2)} (log-log slope {num(w['n_repr_loglog_slope'], 2)}), "
+        f"N_causal x{num(w['n_causal_growth'], 2)} (slope "
+        f"{num(w['n_causal_loglog_slope'], 2)}); at the widest SAE "
+        f"{pct(a['per_width'][-1]['inert_fraction'])} of firing features fall below epsilon."
+    )
+    doc.ul(items)
+    if a["warnings"]:
+        doc.h(3, "Read with care")
+        doc.ul(a["warnings"])
+
+
+def beside_paper(doc: Doc, results: dict) -> None:
+    a = results["sweep"][results["headline"]]
+    free = a["kappa"]["free"]
+    sigma = results.get("sigma", {})
+    paper = results["paper"]
+    w = a["wedge"]
+    doc.h(2, "Beside the paper")
+    doc.p(
+        f"The paper: {paper['source']} (d = {paper['d_model']:,}, x{paper['width_ratio']} "
+        "in width). Counts are forced by calibration at the reference width; compare "
+        "growth and shapes, not levels."
+    )
+    pr = sigma.get("loss", {}).get("participation_ratio")
+    last = a["per_width"][-1]
+    doc.table(
+        ["quantity", "this run", "paper"],
+        [
+            ["width ratio of the sweep", f"x{w['width_ratio']:g}", f"x{paper['width_ratio']}"],
+            ["N_repr growth", f"x{num(w['n_repr_growth'], 2)}", f"x{paper['n_repr_growth']}"],
+            [
+                "N_causal growth",
+                f"x{num(w['n_causal_growth'], 2)}",
+                f"x{paper['n_causal_growth']}",
+            ],
+            [
+                "firing features below epsilon (widest SAE)",
+                pct(last["inert_fraction"]),
+                pct(paper["inert_fraction"]),
+            ],
+            [
+                "kappa_hat [95% CI]",
+                f"{free['kappa']:,.0f} {ci(free['interval_95'])}",
+                f"{paper['kappa_hat']:,} {ci(paper['kappa_hat_95'])}",
+            ],
+            ["kappa_hat / d", f"{free['kappa_over_d']:.2f}", f"{paper['kappa_over_d']}"],
+            ["kappa_PR (direct, loss)", num(pr), f"{paper['kappa_pr']}"],
+            ["coverage at the widest SAE", pct(free["coverage"]), pct(paper["coverage"])],
+            [
+                "width for (95%) recovery",
+                num(free["width_95"]),
+                f"{paper['width_full_recovery']:,}",
+            ],
+        ],
+    )
+
+
+def sweeps(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
+    d = results["store"]["model"]["d_model"]
+    for arch_name, arch_results in results["sweep"].items():
+        doc.h(2, f"The sweep: {arch_name} SAEs")
+        doc.p(
+            f"epsilon = {arch_results['epsilon']:.4g} (the {arch_results['percentile']:g}th "
+            f"percentile of AtP at width {arch_results['reference_width']}; 95% interval "
+            f"{sci(arch_results['epsilon_95'])}); {arch_results['n_eval_tokens']:,} eval "
+            f"tokens in {arch_results['blocks']} blocks, {arch_results['bootstrap']} "
+            "bootstrap resamples (re-scored, re-calibrated, re-counted, re-fitted)."
+        )
+        doc.table(
+            [
+                "width",
+                "N_repr",
+                "N_repr 95%",
+                "N_causal",
+                "N_causal 95%",
+                "inert",
+                "L0",
+                "FVE",
+                "dead",
+                "CE rec.",
+            ],
+            [
+                [
+                    f"{r['width']:,}",
+                    f"{r['n_repr']:,}",
+                    ci(r.get("n_repr_95")),
+                    f"{r['n_causal']:,}",
+                    ci(r.get("n_causal_95")),
+                    pct(r["inert_fraction"]),
+                    num(r["l0"]),
+                    num(r["fraction_variance_explained"], 3),
+                    pct(r["dead_fraction"]),
+                    num(r["ce_loss_recovered"], 3),
+                ]
+                for r in arch_results["per_width"]
+            ],
+        )
+        kappas = arch_results["kappa"]
+        for bound_name, label in (("free", "free"), ("at_most_d", "kappa <= d")):
+            k = kappas[bound_name]
+            if bound_name == "at_most_d" and not arch_results["constraint_binds"]:
+                doc.p(f"The constraint kappa <= d = {d} binds no fit: the same table holds.")
+                continue
+            doc.p(f"Saturating fits ({label}); chosen by AIC: {k['form']}.")
+            doc.table(
+                ["form", "kappa_hat", "95% CI", "AIC", "width for 95%", "won in resamples", "note"],
+                [
+                    [
+                        form,
+                        f"{fit['kappa']:,.0f}",
+                        ci(fit["interval_95"]),
+                        f"{fit['aic']:.2f}",
+                        num(fit["width_95"]),
+                        pct(k["form_frequency"].get(form, math.nan)),
+                        f"{fit['at_bound']} at its bound" if fit["at_bound"] else "",
+                    ]
+                    for form, fit in k["fits"].items()
+                ],
+            )
+        for key in (f"wedge_{arch_name}", f"atp_{arch_name}"):
+            if key in figures:
+                doc.img(figures[key], key)
+
+
+def direct_sigma(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
+    sigma = results.get("sigma", {})
+    if sigma:
+        doc.h(2, "Direct Sigma")
+        rows = []
+        for reading, est in sigma.items():
+            iv = (est.get("bootstrap") or {}).get("erank_95")
+            rows.append(
+                [
+                    reading,
+                    f"{est['erank']:.1f}",
+                    ci(iv),
+                    f"{est['erank_over_d']:.3f}",
+                    f"{est['participation_ratio']:.1f}",
+                    f"{est['n_samples']:,}",
+                    est.get("warning") or "",
+                ]
+            )
+        doc.table(["reading", "erank", "95% CI", "erank/d", "PR", "samples", "warning"], rows)
+        if "sigma" in figures:
+            doc.img(figures["sigma"], "sigma")
+
+
+def provenance(doc: Doc, results: dict) -> None:
+    s = results["store"]
+    name = results["inputs"]["model"]["name"]
+    doc.h(2, "Provenance")
+    ce = results.get("ce")
+    identity = results["inputs"]["model"]
+    files = identity.get("files") or {}
+    items = [
+        f"model {name} ({identity.get('family')}): "
+        + (
+            ", ".join(f"{f} {digest}" for f, digest in files.items())
+            or f"hub {identity.get('hub_id')} revision {identity.get('revision')}"
+        ),
+        f"corpus {results['inputs']['corpus']['id']}, sha256 "
+        f"{results['inputs']['corpus'].get('sha256', 'n/a')}",
+        f"store {results['inputs']['store']['path']} "
+        f"({'reused' if s['reused'] else 'written by this run'}), manifest sha256 "
+        f"{results['inputs']['store']['manifest_sha256']}",
+        _hardware(results["config"]),
+        "versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()),
+        "seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in results["seconds"].items()),
+    ]
+    if ce:
+        items.append(
+            f"CE loss recovered on {ce['n_predictions']:,} predictions: clean loss "
+            f"{ce['clean_loss']:.3f}, mean-ablated {ce['mean_ablated_loss']:.3f}"
+        )
+    doc.ul(items)
