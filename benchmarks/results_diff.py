@@ -18,8 +18,10 @@ import re
 import sys
 from pathlib import Path
 
-# Paths (dot-joined; list items by index) that differ between any two runs.
+# Paths (dot-joined; list items by index) that differ between any two runs, and the
+# output folder, which differs between two runs compared side by side.
 IGNORED = [
+    r"^config\.harvest\.out$",
     r"(^|\.)seconds(\.|$)",
     r"^started$",
     r"^sealed_sha256$",

@@ -121,6 +121,7 @@ def atp_vs_ablation(
     missed = sum(r["n_missed_by_atp"] for r in rows)
     truly_total = sum(r["n_truly_causal"] for r in rows)
     return {
+        "n_features": sum(len(r["features"]) for r in rows),
         "n_sequences": len(ids),
         "n_tokens": n_tokens,
         "epsilon": epsilon,
@@ -203,7 +204,7 @@ def ablation_section(doc: Doc, c: dict) -> None:
     )
     rho = c.get("spearman_real_atp_pooled")
     text = [
-        f"{sum(len(r['features']) for r in c['rows'])} features, stratified by AtP, zeroed on "
+        f"{c['n_features']} features, stratified by AtP, zeroed on "
         f"{c['n_sequences']} eval sequences ({c['n_tokens']:,} predictions)"
     ]
     if rho is not None:

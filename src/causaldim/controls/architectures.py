@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 
 from ..config import SweepConfig
+from ..measure.stats import spread
 from ..report.doc import Doc
 from ..report.figures import finish, pyplot
 from ..report.fmt import ci, growth, num
@@ -33,11 +34,10 @@ def architecture_invariance(sweep: dict[str, dict]) -> dict:
                 "n_causal_grows": (a["wedge"]["n_causal_growth"] or 0) > 1,
             }
         )
-    kappas = [r["kappa_hat"] for r in rows if r["kappa_hat"] > 0]
     return {
         "widths": [r["width"] for r in next(iter(sweep.values()))["per_width"]],
         "rows": rows,
-        "kappa_spread": max(kappas) / min(kappas) if len(kappas) > 1 else None,
+        "kappa_spread": spread([r["kappa_hat"] for r in rows]),
     }
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..config import AnalysisConfig
 from ..measure.analysis import analyze
 from ..measure.score import Scores
+from ..measure.stats import spread
 from ..report.doc import Doc
 from ..report.figures import finish, pyplot
 from ..report.fmt import ci, growth, num
@@ -48,7 +49,6 @@ def threshold_robustness(
             }
         )
     growths = [r["n_causal_growth"] for r in rows if r["n_causal_growth"] is not None]
-    kappas = [r["kappa_hat"] for r in rows if r["kappa_hat"] > 0]
     return {
         "widths": sorted(scores),
         "rows": rows,
@@ -57,7 +57,7 @@ def threshold_robustness(
         "n_growths": len(growths),
         "n_growing": sum(g > 1 for g in growths),
         # how far kappa_hat moves between the calibrations (None: fewer than 2 fits)
-        "kappa_ratio": max(kappas) / min(kappas) if len(kappas) > 1 else None,
+        "kappa_ratio": spread([r["kappa_hat"] for r in rows]),
     }
 
 

@@ -13,6 +13,13 @@ def interval_95(values) -> list[float]:
     return [float(q) for q in np.quantile(values, [0.025, 0.975])] if len(values) else []
 
 
+def spread(values) -> float | None:
+    """max / min of the positive values: how far estimates that should agree move apart
+    (None where fewer than two are positive)."""
+    positive = [v for v in values if v > 0]
+    return max(positive) / min(positive) if len(positive) > 1 else None
+
+
 def wilson_95(k: int, n: int, z: float = 1.96) -> list[float]:
     """95% Wilson interval of a proportion k/n (n > 0): honest at small n and at 0 or n."""
     p = k / n

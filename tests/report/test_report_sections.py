@@ -1,0 +1,754 @@
+"""The report's text from hand-made results dicts (no model, store or training): every section
+formats the numbers results.json holds, the rare branches included, and render() writes
+report.md, report.html and the figures from a results.json alone."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from causaldim import __version__
+from causaldim.config import AnalysisConfig, HarvestConfig, SweepConfig
+from causaldim.errors import IntegrityError, UsageError
+from causaldim.fileio import write_sealed_json
+from causaldim.measure.analysis import ATP_EDGES
+from causaldim.paper import PAPER
+from causaldim.report.doc import Doc
+from causaldim.report.fmt import ci, growth, num, pct, sci
+from causaldim.report.render import figure_plan, render
+from causaldim.report.results import SCHEMA, load_results
+from causaldim.report.sections import (
+    beside_paper,
+    build_report,
+    direct_sigma,
+    headline,
+    provenance,
+    sigma_table,
+    summary,
+    sweeps,
+    title,
+)
+
+D = 576
+WIDTHS = (1024, 2048, 4096)
+PNG = b"\x89PNG\r\n\x1a\n"
+WARNINGS = [
+    "only 3 widths: a saturating fit needs at least 4 to mean much",
+    "extrapolated: the fit reaches 95% of kappa_hat only at width 9,880, beyond the widest "
+    "SAE (4,096)",
+    "the free kappa_hat or its interval exceeds d = 576, which kappa cannot (kappa <= d): read "
+    "the constrained fit beside it",
+]
+
+
+# ----------------------------------------------------------------------------- the results dict
+
+
+def sigma_estimate(reading, erank, pr, iv, n_tokens=8192, probes=1, warning=None, boot=True):
+    """A reading as SigmaEstimate.to_dict() writes it."""
+    n = n_tokens * probes
+    bootstrap = {
+        "resamples": 200,
+        "blocks": 32,
+        "erank_95": list(iv),
+        "erank_95_percentile": [iv[0] - 2.0, iv[1] - 2.0],
+        "erank_bootstrap_bias": -2.0,
+        "participation_ratio_95": [pr - 3.0, pr + 3.0],
+        "participation_ratio_95_percentile": [pr - 4.0, pr + 2.0],
+        "participation_ratio_bootstrap_bias": -1.0,
+    }
+    return {
+        "reading": reading,
+        "n_tokens": n_tokens,
+        "n_samples": n,
+        "samples_per_dim": n / D,
+        "eigenvalues": [1.0 / (i + 1) for i in range(D)],
+        "erank": erank,
+        "erank_over_d": erank / D,
+        "participation_ratio": pr,
+        "directions_for": {"50%": 40, "90%": 220, "99%": 480},
+        "bootstrap": bootstrap if boot else None,
+        "split_half": {
+            "first": {"erank": erank - 1.0, "participation_ratio": pr - 1.0},
+            "second": {"erank": erank + 1.0, "participation_ratio": pr + 1.0},
+        },
+        "convergence": [
+            {"n_samples": n // 4, "erank": 0.8 * erank, "participation_ratio": 0.8 * pr},
+            {"n_samples": n // 2, "erank": 0.95 * erank, "participation_ratio": 0.95 * pr},
+            {"n_samples": n, "erank": erank, "participation_ratio": pr},
+        ],
+        "warning": warning,
+    }
+
+
+def fit(kappa, params, aic, iv, width_95, at_bound=None):
+    """One form's row of KappaEstimate.to_dict()['fits']."""
+    return {
+        "kappa": kappa,
+        "params": params,
+        "aic": aic,
+        "interval_95": iv,
+        "width_95": width_95,
+        "at_bound": at_bound,
+    }
+
+
+def kappa_estimate(fits, form, iv, kappa_max, n_last):
+    """analyze()'s entry for one bound: KappaEstimate.to_dict() with kappa_over_d and
+    coverage."""
+    chosen = fits[form]
+    return {
+        "form": form,
+        "kappa": chosen["kappa"],
+        "interval_95": iv,
+        "width_95": chosen["width_95"],
+        "at_bound": chosen["at_bound"],
+        "fits": fits,
+        "form_frequency": {"exponential": 0.215, "hyperbolic": 0.67, "lomax": 0.115},
+        "kappa_max": kappa_max,
+        "kappa_over_d": chosen["kappa"] / D,
+        "coverage": n_last / chosen["kappa"],
+    }
+
+
+def histogram(zero):
+    counts = [0] * (len(ATP_EDGES) - 1)
+    counts[10], counts[20], counts[25] = 300, 500, 40
+    return {
+        "log10_edges": ATP_EDGES,
+        "counts": counts,
+        "zero": zero,
+        "below_range": 0,
+        "above_range": 0,
+    }
+
+
+def width_row(width, n_repr, n_causal, l0, fve, dead, ce, n_repr_95, n_causal_95):
+    """One row of analyze()'s per_width."""
+    return {
+        "width": width,
+        "n_repr": n_repr,
+        "n_causal": n_causal,
+        "inert_fraction": (n_repr - n_causal) / n_repr,
+        "mean_l0": 32.0,
+        "l0": l0,
+        "fraction_variance_explained": fve,
+        "dead_fraction": dead,
+        "ce_loss_recovered": ce,
+        "atp_histogram": histogram(width - n_repr),
+        "atp_max": 0.0123,
+        "n_causal_95": n_causal_95,
+        "n_repr_95": n_repr_95,
+    }
+
+
+FREE_FITS = {
+    "exponential": fit(318.4, {"m0": 1402.2}, 14.52, [280.3, 371.9], 4200.6),
+    "hyperbolic": fit(432.7, {"m0": 520.0}, 9.87, [311.2, 698.4], 9880.0),
+    "lomax": fit(4321.0, {"m0": 9000.0, "a": 0.05}, 11.03, [350.0, 9999.0], 2.5e6, "a"),
+}
+BOUNDED_FITS = {
+    "exponential": FREE_FITS["exponential"],
+    "hyperbolic": FREE_FITS["hyperbolic"],
+    "lomax": fit(576.0, {"m0": 8000.0, "a": 0.06}, 11.91, [350.0, 576.0], 2.1e6, "kappa"),
+}
+
+
+def architecture(binds=True):
+    """analyze()'s dict for one architecture's sweep of WIDTHS."""
+    rows = [
+        width_row(1024, 1010, 41, 31.87, 0.8123, 0.0703, 0.9134, [998.0, 1022.0], [35.0, 48.0]),
+        width_row(2048, 1987, 117, 32.14, 0.8456, 0.1172, 0.9387, [1970.0, 2003.0], [101.0, 130.0]),
+        width_row(4096, 3816, 301, 31.62, 0.8711, 0.1113, 0.9521, [3790.0, 3840.0], [270.0, 333.0]),
+    ]
+    bounded = BOUNDED_FITS if binds else copy.deepcopy(FREE_FITS)
+    return {
+        "reference_width": 1024,
+        "percentile": 98.0,
+        "epsilon": 3.2109e-05,
+        "epsilon_95": [2.9e-05, 3.5e-05],
+        "n_eval_tokens": 8192,
+        "blocks": 32,
+        "bootstrap": 200,
+        "per_width": rows,
+        "wedge": {
+            "width_ratio": 4.0,
+            "n_repr_growth": 3.7782,
+            "n_causal_growth": 7.3415,
+            "n_repr_loglog_slope": 0.9589,
+            "n_causal_loglog_slope": 1.4372,
+        },
+        "kappa": {
+            "free": kappa_estimate(FREE_FITS, "hyperbolic", [311.2, 698.4], None, 301),
+            "at_most_d": kappa_estimate(bounded, "hyperbolic", [311.2, 576.0], float(D), 301),
+        },
+        "constraint_binds": binds,
+        "warnings": list(WARNINGS),
+    }
+
+
+IDENTITY = {
+    "name": "smollm2-135m",
+    "family": "llama",
+    "files": {"model.safetensors": "sha256:aa11", "config.json": "sha256:bb22"},
+}
+
+
+def make_results(**overrides) -> dict:
+    """A complete results.json dict as build_results() assembles it, by hand; top-level keys
+    replaced by overrides. A fresh dict on every call, free to modify."""
+    results = {
+        "schema": SCHEMA,
+        "causaldim_version": __version__,
+        "preset": "default",
+        "config": {
+            "harvest": HarvestConfig(device="cpu", dtype="float32", batch_size=8).to_dict(),
+            "sweep": SweepConfig(widths=list(WIDTHS), sae_dtype="float32").to_dict(),
+            "analysis": AnalysisConfig().to_dict(),
+        },
+        "seed": 7,
+        "inputs": {
+            "model": dict(IDENTITY),
+            "corpus": {
+                "id": "builtin-py3.11",
+                "sha256": "c0ffee42",
+                "n_docs": 812,
+                "n_chars": 1_234_567,
+                "sequences_available": 600,
+            },
+            "store": {
+                "path": "store/L15-3fa9",
+                "manifest_sha256": "deadbeef99",
+                "key": {"logit_probes": 1, "fisher_probes": 1},
+            },
+        },
+        "store": {
+            "reused": False,
+            "model": {
+                "identity": dict(IDENTITY),
+                "kind": "hf",
+                "n_layers": 30,
+                "d_model": D,
+                "vocab_size": 49152,
+            },
+            "layer": 15,
+            "site": "output of block 15 (model.layers[15])",
+            "seq_len": 128,
+            "tokens": {"train": 57344, "eval": 8192},
+            "throughput_tokens_per_second": {"train": 5000.0, "eval": 900.0},
+            "outliers": {
+                "factor": 10.0,
+                "median_norm": 3.1,
+                "threshold": 31.0,
+                "n_outliers": 1234,
+                "n_tokens": 65536,
+                "variance_share": 0.4567,
+            },
+            "eval_mean_loss": 3.21,
+            "probes": {"logits": 1, "fisher": 1},
+        },
+        "sigma": {
+            "loss": sigma_estimate("loss", 123.4, 45.6, [110.2, 131.8]),
+            "logits": sigma_estimate("logits", 234.5, 78.9, [220.1, 249.9]),
+            "fisher": sigma_estimate(
+                "fisher", 210.9, 66.6, [199.3, 230.4], warning="not converged: erank changed"
+            ),
+            "activations": sigma_estimate("activations", 301.2, 12.3, [290.4, 310.6]),
+        },
+        "ce": {"clean_loss": 3.2109, "mean_ablated_loss": 7.6543, "n_predictions": 8128},
+        "saes": {
+            f"topk-w{w}": {
+                "folder": f"saes/topk-w{w}",
+                "reused": False,
+                "seconds": 12.0,
+                "steps": 96,
+            }
+            for w in WIDTHS
+        },
+        "sweep": {"topk": architecture()},
+        "controls": {},
+        "headline": "topk",
+        "paper": copy.deepcopy(PAPER),
+        "versions": {"causaldim": __version__, "torch": "2.4.0", "python": "3.11.7"},
+        "started": "2025-01-02T03:04:05Z",
+        "seconds": {"harvest": 100.31, "sweep": 400.02, "report": 11.44, "total": 611.77},
+    }
+    results.update(overrides)
+    return results
+
+
+def text(*sections, results=None, figures=None) -> str:
+    """The Markdown of a Doc holding the given sections of results."""
+    doc = Doc()
+    for section in sections:
+        if section in (sweeps, direct_sigma):
+            section(doc, results, figures or {})
+        else:
+            section(doc, results)
+    return doc.markdown(Path("/"))
+
+
+def lines_with(md: str, needle: str) -> list[str]:
+    return [line for line in md.splitlines() if needle in line]
+
+
+# ----------------------------------------------------------------------------- fmt and Doc
+
+
+def test_fmt_writes_numbers_as_documented_and_missing_values_as_na():
+    assert [num(None), num(math.nan), pct(None), pct(math.nan)] == ["n/a"] * 4
+    assert [num(7), num(1234), num(1234.56), num(12.34), num(0.81234, 3)] == [
+        "7",
+        "1,234",
+        "1,235",
+        "12.3",
+        "0.812",
+    ]
+    assert num(123.456, 2) == "123.46"  # digits > 1 keep the decimals above 100
+    assert pct(0.1234) == "12.3%"
+    assert [ci(None), ci([]), ci([math.nan, 5.0])] == ["[n/a]"] * 3
+    assert ci([1234.4, 5678.9]) == "[1,234, 5,679]"
+    assert [sci(None), sci([])] == ["[n/a]"] * 2
+    assert sci([1.2345e-5, 2e-5]) == "[1.23e-05, 2e-05]"
+    assert growth(None) == "n/a" and growth(2.3456) == "x2.35"
+
+
+def test_doc_markdown_writes_each_block(tmp_path):
+    fig = tmp_path / "figures" / "f.png"
+    fig.parent.mkdir()
+    fig.write_bytes(PNG)
+    doc = Doc()
+    doc.h(2, "Section")
+    doc.p("A paragraph.")
+    doc.ul([])  # an empty list adds no block
+    doc.ul(["one", "two"])
+    doc.table(["a", "b"], [[1, 2.5], ["x", None]])
+    doc.img(fig, "the figure")
+    assert len(doc.blocks) == 5
+    assert doc.markdown(tmp_path) == (
+        "## Section\n\nA paragraph.\n\n- one\n- two\n\n"
+        "| a | b |\n| --- | --- |\n| 1 | 2.5 |\n| x | None |\n\n"
+        "![the figure](figures/f.png)\n"
+    )
+
+
+def test_doc_html_escapes_text_and_inlines_images(tmp_path):
+    fig = tmp_path / "f.png"
+    fig.write_bytes(PNG + b"rest")
+    doc = Doc()
+    doc.h(1, "A & B")
+    doc.p("kappa <= d & <b>bold</b>")
+    doc.ul(["x > y"])
+    doc.table(["<th>"], [["a&b"]])
+    doc.img(fig, "alt 'q' <")
+    page = doc.html("title <&>")
+    assert page.startswith("<!doctype html>") and page.endswith("</body></html>\n")
+    assert "<title>title &lt;&amp;&gt;</title>" in page
+    assert "<h1>A &amp; B</h1>" in page
+    assert "<p>kappa &lt;= d &amp; &lt;b&gt;bold&lt;/b&gt;</p>" in page
+    assert "<b>" not in page
+    assert "<ul><li>x &gt; y</li></ul>" in page
+    assert "<table><tr><th>&lt;th&gt;</th></tr><tr><td>a&amp;b</td></tr></table>" in page
+    assert "alt='alt &#x27;q&#x27; &lt;'" in page
+    assert f"src='data:image/png;base64,{base64.b64encode(fig.read_bytes()).decode()}'" in page
+
+
+# ----------------------------------------------------------------------------- the sections
+
+
+def test_title_states_the_model_the_store_and_the_run():
+    md = text(title, results=make_results())
+    assert md.startswith("# Causal dimensionality of smollm2-135m, layer 15\n")
+    assert (
+        "Residual stream at the output of block 15 (model.layers[15]), d = 576; corpus "
+        "builtin-py3.11; 57,344 train and 8,192 eval tokens in sequences of 128; outliers left "
+        "out: 1,234 tokens carrying 45.7% of the residual variance. Preset default, seed 7, "
+        f"causaldim {__version__}, 612 s in all."
+    ) in md
+
+
+def test_headline_quotes_the_fits_the_direct_estimates_and_the_wedge():
+    md = text(headline, results=make_results())
+    assert "## Headline" in md
+    assert (
+        "- SAE estimate (topk, hyperbolic fit chosen by AIC): kappa_hat = 433, 95% bootstrap "
+        "interval [311, 698]; kappa_hat / d = 0.75; coverage at the widest SAE "
+        "N_causal(m_max) / kappa_hat = 69.6%; 95% of kappa_hat is reached at width 9,880."
+    ) in md
+    assert "- Constrained to kappa <= d: kappa_hat = 433 [311, 576] (hyperbolic)." in md
+    assert "- Direct estimate, loss: erank(Sigma) = 123 [110, 132], erank/d = 0.21, PR = 46." in md
+    assert (
+        "- Direct estimate, logits: erank(Sigma) = 234 [220, 250], erank/d = 0.41, PR = 79." in md
+    )
+    assert "Direct estimate, fisher: erank(Sigma) = 211 [199, 230]" in md
+    assert "Direct estimate, activations" not in md  # a reference, not an estimate
+    assert (
+        "- The wedge over x4 in width: N_repr grows x3.78 (log-log slope 0.96), N_causal "
+        "x7.34 (slope 1.44); at the widest SAE 92.1% of firing features fall below epsilon."
+    ) in md
+
+
+def test_headline_reads_with_care_only_where_there_are_warnings():
+    results = make_results()
+    md = text(headline, results=results)
+    assert "### Read with care" in md
+    for w in WARNINGS:
+        assert f"- {w}" in md
+    assert md.index("### Read with care") < md.index(f"- {WARNINGS[0]}")
+    results["sweep"]["topk"]["warnings"] = []
+    md = text(headline, results=results)
+    assert "Read with care" not in md and "only 3 widths" not in md
+
+
+def test_beside_paper_sets_each_number_of_the_run_beside_the_papers():
+    md = text(beside_paper, results=make_results())
+    assert "## Beside the paper" in md
+    assert f"The paper: {PAPER['source']} (d = 2,304, x64 in width)." in md
+    assert "| quantity | this run | paper |" in md
+    for row in (
+        "| width ratio of the sweep | x4 | x64 |",
+        "| N_repr growth | x3.78 | x15.6 |",
+        "| N_causal growth | x7.34 | x4.35 |",
+        "| firing features below epsilon (widest SAE) | 92.1% | 97.9% |",
+        "| kappa_hat [95% CI] | 433 [311, 698] | 1,990 [545, 5,130] |",
+        "| kappa_hat / d | 0.75 | 0.86 |",
+        "| kappa_PR (direct, loss) | 45.6 | 280 |",
+        "| coverage at the widest SAE | 69.6% | 72.0% |",
+        "| width for (95%) recovery | 9,880 | 2,600,000 |",
+    ):
+        assert row in md
+
+
+def test_sweeps_show_the_calibration_and_every_width():
+    results = make_results()
+    figures = {"wedge_topk": Path("/f/wedge_topk.png"), "atp_topk": Path("/f/atp_topk.png")}
+    md = text(sweeps, results=results, figures=figures)
+    assert "## The sweep: topk SAEs" in md
+    assert (
+        "epsilon = 3.211e-05 (the 98th percentile of AtP at width 1024; 95% interval "
+        "[2.9e-05, 3.5e-05]); 8,192 eval tokens in 32 blocks, 200 bootstrap resamples"
+    ) in md
+    assert (
+        "| width | N_repr | N_repr 95% | N_causal | N_causal 95% | inert | L0 | FVE | dead | "
+        "CE rec. |"
+    ) in md
+    assert (
+        "| 1,024 | 1,010 | [998, 1,022] | 41 | [35, 48] | 95.9% | 31.9 | 0.812 | 7.0% | 0.913 |"
+        in md
+    )
+    assert (
+        "| 4,096 | 3,816 | [3,790, 3,840] | 301 | [270, 333] | 92.1% | 31.6 | 0.871 | 11.1% | "
+        "0.952 |"
+    ) in md
+    assert "| 2,048 | 1,987 | [1,970, 2,003] | 117 | [101, 130] | 94.1% | 32.1 |" in md
+    assert "![wedge_topk](f/wedge_topk.png)" in md and "![atp_topk](f/atp_topk.png)" in md
+    assert "![" not in text(sweeps, results=results)  # no figure drawn, none referenced
+
+
+def test_sweeps_with_a_binding_constraint_give_two_fit_tables():
+    md = text(sweeps, results=make_results())
+    assert "Saturating fits (free); chosen by AIC: hyperbolic." in md
+    assert "Saturating fits (kappa <= d); chosen by AIC: hyperbolic." in md
+    assert "binds no fit" not in md
+    header = "| form | kappa_hat | 95% CI | AIC | width for 95% | won in resamples | note |"
+    assert md.count(header) == 2
+    free, bounded = md.split("Saturating fits (kappa <= d)")
+    assert "| exponential | 318 | [280, 372] | 14.52 | 4,201 | 21.5% |  |" in free
+    assert "| hyperbolic | 433 | [311, 698] | 9.87 | 9,880 | 67.0% |  |" in free
+    assert "| lomax | 4,321 | [350, 9,999] | 11.03 | 2,500,000 | 11.5% | a at its bound |" in free
+    assert (
+        "| lomax | 576 | [350, 576] | 11.91 | 2,100,000 | 11.5% | kappa at its bound |" in bounded
+    )
+    assert "4,321" not in bounded
+
+
+def test_sweeps_with_a_constraint_that_binds_no_fit_give_one_table():
+    results = make_results(sweep={"topk": architecture(binds=False)})
+    md = text(sweeps, results=results)
+    assert "Saturating fits (free); chosen by AIC: hyperbolic." in md
+    assert "The constraint kappa <= d = 576 binds no fit: the same table holds." in md
+    assert "Saturating fits (kappa <= d)" not in md
+    assert md.count("| form | kappa_hat |") == 1
+
+
+def test_every_architecture_gets_its_own_sweep_section():
+    second = architecture()
+    second["epsilon"] = 7.5e-06
+    md = text(sweeps, results=make_results(sweep={"topk": architecture(), "relu": second}))
+    assert md.index("## The sweep: topk SAEs") < md.index("## The sweep: relu SAEs")
+    assert "epsilon = 7.5e-06 (the 98th percentile" in md
+
+
+def without_bootstrap() -> dict:
+    """A run with --bootstrap 0 and the rarer missing values: no intervals, no eval
+    metrics, no growth ratio, no loss reading, no coverage."""
+    results = make_results()
+    a = results["sweep"]["topk"]
+    a["bootstrap"], a["epsilon_95"] = 0, []
+    for r in a["per_width"]:
+        del r["n_causal_95"], r["n_repr_95"]
+        r["l0"] = r["fraction_variance_explained"] = r["dead_fraction"] = None
+        r["ce_loss_recovered"] = None
+    for k in a["kappa"].values():
+        k["interval_95"] = [math.nan, math.nan]
+        k["form_frequency"] = {}
+        k["width_95"] = math.nan
+        k["coverage"] = math.nan
+        for f in k["fits"].values():
+            f["interval_95"] = [math.nan, math.nan]
+    a["wedge"].update(n_repr_growth=None, n_causal_growth=None, n_causal_loglog_slope=None)
+    del results["sigma"]["loss"]
+    for est in results["sigma"].values():
+        est["bootstrap"] = None
+    return results
+
+
+def test_missing_values_render_as_na():
+    results = without_bootstrap()
+    md = text(headline, beside_paper, sweeps, direct_sigma, results=results)
+    assert "kappa_hat = 433, 95% bootstrap interval [n/a]" in md
+    assert "N_causal(m_max) / kappa_hat = n/a; 95% of kappa_hat is reached at width n/a." in md
+    assert "Constrained to kappa <= d: kappa_hat = 433 [n/a] (hyperbolic)." in md
+    assert "Direct estimate, loss" not in md
+    assert "Direct estimate, logits: erank(Sigma) = 234 [n/a]" in md
+    (wedge,) = lines_with(md, "The wedge over x4")
+    assert "N_repr grows" in wedge and "(log-log slope 0.96)" in wedge
+    assert wedge.count("n/a") == 3  # two growth ratios and one slope
+    assert "| kappa_hat [95% CI] | 433 [n/a] | 1,990 [545, 5,130] |" in md
+    assert "| kappa_PR (direct, loss) | n/a | 280 |" in md
+    assert "| coverage at the widest SAE | n/a | 72.0% |" in md
+    assert "| width for (95%) recovery | n/a | 2,600,000 |" in md
+    assert "95% interval [n/a]); 8,192 eval tokens in 32 blocks, 0 bootstrap resamples" in md
+    assert "| 1,024 | 1,010 | [n/a] | 41 | [n/a] | 95.9% | n/a | n/a | n/a | n/a |" in md
+    assert "| hyperbolic | 433 | [n/a] | 9.87 | 9,880 | n/a |  |" in md
+    assert "| logits | 234.5 | [n/a] | 0.407 | 78.9 | 8,192 |  |" in md
+    assert "nan" not in md
+
+
+def test_direct_sigma_tabulates_every_reading_with_its_warning():
+    figures = {"sigma": Path("/f/sigma.png")}
+    md = text(direct_sigma, results=make_results(), figures=figures)
+    assert "## Direct Sigma" in md
+    assert "| reading | erank | 95% CI | erank/d | PR | samples | warning |" in md
+    assert "| loss | 123.4 | [110, 132] | 0.214 | 45.6 | 8,192 |  |" in md
+    assert (
+        "| fisher | 210.9 | [199, 230] | 0.366 | 66.6 | 8,192 | not converged: erank changed |"
+        in md
+    )
+    assert "| activations | 301.2 | [290, 311] | 0.523 | 12.3 | 8,192 |  |" in md
+    assert md.index("| loss |") < md.index("| logits |") < md.index("| activations |")
+    assert "![sigma](f/sigma.png)" in md
+    assert text(direct_sigma, results=make_results(sigma={})) == "\n"  # no reading: no section
+
+
+def test_provenance_names_every_input_and_the_hardware():
+    md = text(provenance, results=make_results())
+    assert "## Provenance" in md
+    for item in (
+        "- model smollm2-135m (llama): model.safetensors sha256:aa11, config.json sha256:bb22",
+        "- corpus builtin-py3.11, sha256 c0ffee42",
+        "- store store/L15-3fa9 (written by this run), manifest sha256 deadbeef99",
+        "- ran on cpu: model pass in float32, batches of 8 sequences; SAE encoder product in "
+        "float32; SAE jobs in process",
+        f"- versions: causaldim {__version__}, torch 2.4.0, python 3.11.7",
+        "- seconds: harvest 100.3, sweep 400.0, report 11.4, total 611.8",
+        "- CE loss recovered on 8,128 predictions: clean loss 3.211, mean-ablated 7.654",
+    ):
+        assert item in md
+
+
+def test_provenance_of_a_hub_model_a_reused_store_ray_and_no_ce():
+    results = make_results(ce=None)
+    hub = {"name": "gpt2", "family": "gpt2", "hub_id": "openai/gpt2", "revision": "abc123"}
+    results["inputs"]["model"] = hub
+    del results["inputs"]["corpus"]["sha256"]
+    results["store"]["reused"] = True
+    results["config"]["sweep"]["executor"] = "ray"
+    md = text(provenance, results=results)
+    assert "- model gpt2 (gpt2): hub openai/gpt2 revision abc123" in md
+    assert "- corpus builtin-py3.11, sha256 n/a" in md
+    assert "(reused), manifest sha256" in md
+    assert "SAE jobs on Ray" in md
+    assert "CE loss recovered" not in md
+
+
+def test_sigma_table_lists_every_reading_and_its_warning():
+    table = sigma_table(make_results()).splitlines()
+    assert table[0].split() == [
+        "reading",
+        "erank",
+        "95%",
+        "interval",
+        "erank/d",
+        "PR",
+        "samples",
+        "per",
+        "dim",
+    ]
+    assert table[1].split() == ["loss", "123.4", "[", "110.2,", "131.8]", "0.214", "45.6"] + [
+        "8192",
+        "14.2",
+    ]
+    assert table[3].startswith("fisher ")
+    assert table[4] == "  warning: not converged: erank changed"
+    assert table[5].split()[:2] == ["activations", "301.2"]
+    assert len(table) == 6
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="sigma_table writes a missing bootstrap interval (--bootstrap 0) as 'nan', where "
+    "every other section writes n/a",
+)
+def test_sigma_table_writes_a_missing_interval_as_na():
+    table = sigma_table(without_bootstrap())
+    assert "nan" not in table and "n/a" in table
+
+
+def test_summary_is_the_few_lines_printed_at_the_end():
+    assert summary(make_results()).splitlines() == [
+        "topk sweep 1024..4096: N_repr x3.78, N_causal x7.34 over x4 in width; epsilon 3.21e-05",
+        "kappa_hat 433 [311, 698] (hyperbolic), kappa_hat/d 0.75, coverage 69.6%; constrained "
+        "to d: 433 [311, 576]",
+        *[f"warning: {w}" for w in WARNINGS],
+    ]
+    results = make_results()
+    results["sweep"]["topk"]["warnings"] = []
+    assert len(summary(results).splitlines()) == 2
+    lines = summary(without_bootstrap()).splitlines()
+    assert "[n/a]" in lines[1] and "coverage n/a" in lines[1]
+
+
+def test_build_report_puts_the_sections_in_order():
+    results = make_results()
+    results["controls"] = {"scale": {"architecture": "topk", "skipped": "no second model"}}
+    md = build_report(results, {}).markdown(Path("/"))
+    order = [
+        "# Causal dimensionality",
+        "## Headline",
+        "## Beside the paper",
+        "## The sweep: topk SAEs",
+        "## Direct Sigma",
+        "## Controls",
+        "### Scale (topk)",
+        "Not run: no second model.",
+        "## Provenance",
+    ]
+    at = [md.index(s) for s in order]
+    assert at == sorted(at)
+    assert "## Controls" not in build_report(make_results(), {}).markdown(Path("/"))
+
+
+# ----------------------------------------------------------------------------- render, load
+
+
+def test_figure_plan_has_the_run_and_the_controls_figures(tmp_path):
+    results = make_results()
+    results["controls"] = {
+        "thresholds": {"architecture": "topk", "rows": []},  # planned, not drawn
+        "l0": {"target": 32.0, "tolerance": 0.1, "rows": [], "n_flagged": 0},  # no figure
+        "scale": {"architecture": "topk", "skipped": "no second model"},
+    }
+    plan = figure_plan(results, tmp_path)
+    assert list(plan) == ["sigma", "wedge_topk", "atp_topk", "control_thresholds"]
+    assert plan["wedge_topk"][0] == tmp_path / "figures" / "wedge_topk.png"
+    assert list(figure_plan(make_results(sigma={}, controls={}), tmp_path)) == [
+        "wedge_topk",
+        "atp_topk",
+    ]
+
+
+def test_render_writes_the_reports_and_figures_from_results_json(tmp_path):
+    results = make_results()
+    results["controls"] = {
+        "l0": {
+            "target": 32.0,
+            "tolerance": 0.1,
+            "rows": [
+                {
+                    "architecture": "topk",
+                    "width": 1024,
+                    "l0": 31.87,
+                    "relative_error": -0.0041,
+                    "flagged": False,
+                }
+            ],
+            "n_flagged": 0,
+        },
+        "scale": {"architecture": "topk", "skipped": "needs a second model"},
+    }
+    path = tmp_path / "run" / "results.json"
+    write_sealed_json(path, results)
+    folder = path.parent
+    written = render(path)
+    figures = [folder / "figures" / f"{k}.png" for k in ("sigma", "wedge_topk", "atp_topk")]
+    assert written == [*figures, folder / "report.md", folder / "report.html"]
+    for f in figures:
+        assert f.read_bytes().startswith(PNG) and f.stat().st_size > 1000
+    md = (folder / "report.md").read_text()
+    assert md.startswith("# Causal dimensionality of smollm2-135m, layer 15\n")
+    assert "![wedge_topk](figures/wedge_topk.png)" in md and "![sigma](figures/sigma.png)" in md
+    assert "kappa_hat = 433, 95% bootstrap interval [311, 698]" in md
+    assert "### Matched L0\n\n| architecture | width | L0 (eval) | off target | flag |" in md
+    assert "| topk | 1024 | 31.87 | -0.4% |  |" in md
+    assert "### Scale (topk)\n\nNot run: needs a second model." in md
+    page = (folder / "report.html").read_text()
+    assert "<title>causaldim: smollm2-135m</title>" in page
+    assert page.count("data:image/png;base64,") == 3
+    assert "(kappa &lt;= d)" in page and "(kappa <= d)" not in page
+    assert "<td>1,010</td>" in page
+
+    # Text alone re-renders from the figures on disk; figures alone leave the text be.
+    (folder / "report.md").unlink()
+    assert render(path, figures=False) == [folder / "report.md", folder / "report.html"]
+    assert (folder / "report.md").read_text() == md
+    assert render(path, text=False) == figures
+
+
+def test_load_results_reads_back_what_was_written(tmp_path):
+    results = make_results()
+    path = tmp_path / "results.json"
+    write_sealed_json(path, results)
+    loaded = load_results(path)
+    assert loaded["schema"] == SCHEMA
+    assert loaded["sweep"]["topk"]["kappa"]["free"]["kappa"] == 432.7
+
+
+@pytest.mark.parametrize(
+    ("schema", "named"),
+    [("causaldim.results/1", "causaldim.results/1"), (None, "none (an older causaldim)")],
+)
+def test_load_results_refuses_another_schema(tmp_path, schema, named):
+    results = make_results()
+    if schema is None:
+        del results["schema"]
+    else:
+        results["schema"] = schema
+    path = tmp_path / "results.json"
+    write_sealed_json(path, results)
+    with pytest.raises(UsageError) as info:
+        load_results(path)
+    message = str(info.value)
+    assert f"has schema {named}, this causaldim reads {SCHEMA}" in message
+    assert "re-run `causaldim run` with the same --out" in message
+    assert "\n" not in message
+
+
+def test_load_results_refuses_a_missing_or_altered_file(tmp_path):
+    path = tmp_path / "results.json"
+    with pytest.raises(UsageError, match="does not exist"):
+        load_results(path)
+    write_sealed_json(path, make_results())
+    altered = json.loads(path.read_text())
+    altered["seed"] = 8
+    path.write_text(json.dumps(altered))
+    with pytest.raises(IntegrityError, match="altered"):
+        load_results(path)
+    path.write_text("[1, 2]")
+    with pytest.raises(IntegrityError):  # not an object
+        load_results(path)
