@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from causaldim.controls.four_cell import four_cell, randomized
 
 from causaldim.config import AnalysisConfig
+from causaldim.controls.four_cell import four_cell, randomized
 from causaldim.controls.geometry import geometric_privilege
 from causaldim.controls.l0 import matched_l0
 from causaldim.controls.thresholds import PERCENTILES, threshold_robustness
