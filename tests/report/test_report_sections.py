@@ -19,6 +19,7 @@ from causaldim.fileio import write_sealed_json
 from causaldim.measure.analysis import ATP_EDGES
 from causaldim.paper import PAPER
 from causaldim.report.doc import Doc
+from causaldim.report.figures import plot_atp, plot_sigma, plot_wedge
 from causaldim.report.fmt import ci, growth, num, pct, sci
 from causaldim.report.render import figure_plan, render
 from causaldim.report.results import SCHEMA, load_results
@@ -600,11 +601,6 @@ def test_sigma_table_lists_every_reading_and_its_warning():
     assert len(table) == 6
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sigma_table writes a missing bootstrap interval (--bootstrap 0) as 'nan', where "
-    "every other section writes n/a",
-)
 def test_sigma_table_writes_a_missing_interval_as_na():
     table = sigma_table(without_bootstrap())
     assert "nan" not in table and "n/a" in table
@@ -708,6 +704,19 @@ def test_render_writes_the_reports_and_figures_from_results_json(tmp_path):
     assert render(path, figures=False) == [folder / "report.md", folder / "report.html"]
     assert (folder / "report.md").read_text() == md
     assert render(path, text=False) == figures
+
+
+def test_the_run_figures_draw_without_bootstrap_intervals(tmp_path):
+    """--bootstrap 0: NaN kappa intervals, no count or erank intervals, no loss reading."""
+    results = without_bootstrap()
+    for name, draw in (
+        ("sigma", lambda p: plot_sigma(results, p)),
+        ("wedge", lambda p: plot_wedge(results, "topk", p)),
+        ("atp", lambda p: plot_atp(results, "topk", p)),
+    ):
+        path = tmp_path / f"{name}.png"
+        assert draw(path) == path
+        assert path.read_bytes().startswith(PNG) and path.stat().st_size > 1000
 
 
 def test_load_results_reads_back_what_was_written(tmp_path):

@@ -9,21 +9,21 @@ from pathlib import Path
 
 from ..measure.sigma import DIRECT
 from .doc import Doc
-from .fmt import ci, num, pct, sci
+from .fmt import ci, growth, num, pct, sci
 
 
 def sigma_table(results: dict) -> str:
     """A plain-text table of the direct estimates."""
-    d = results["store"]["model"]["d_model"]
     rows = [
         f"{'reading':<12} {'erank':>8} {'95% interval':>17} {'erank/d':>8} {'PR':>7} "
         f"{'samples':>9} {'per dim':>8}"
     ]
     for reading, est in results["sigma"].items():
-        lo, hi = (est.get("bootstrap") or {}).get("erank_95", [float("nan")] * 2)
+        iv = (est.get("bootstrap") or {}).get("erank_95")
+        interval = f"[{iv[0]:7.1f}, {iv[1]:7.1f}]" if iv else f"{'[n/a]':>17}"
         rows.append(
-            f"{reading:<12} {est['erank']:8.1f} [{lo:7.1f}, {hi:7.1f}] "
-            f"{est['erank'] / d:8.3f} {est['participation_ratio']:7.1f} "
+            f"{reading:<12} {est['erank']:8.1f} {interval} "
+            f"{est['erank_over_d']:8.3f} {est['participation_ratio']:7.1f} "
             f"{est['n_samples']:9d} {est['samples_per_dim']:8.1f}"
         )
         if est.get("warning"):
@@ -48,7 +48,7 @@ def summary(results: dict) -> str:
     w = a["wedge"]
     lines = [
         f"{arch} sweep {a['per_width'][0]['width']}..{a['per_width'][-1]['width']}: "
-        f"N_repr x{num(w['n_repr_growth'], 2)}, N_causal x{num(w['n_causal_growth'], 2)} "
+        f"N_repr {growth(w['n_repr_growth'])}, N_causal {growth(w['n_causal_growth'])} "
         f"over x{w['width_ratio']:g} in width; epsilon {a['epsilon']:.3g}",
         f"kappa_hat {free['kappa']:.0f} {ci(free['interval_95'])} ({free['form']}), "
         f"kappa_hat/d {free['kappa_over_d']:.2f}, coverage {pct(free['coverage'])}; "
@@ -115,8 +115,8 @@ def headline(doc: Doc, results: dict) -> None:
     w = a["wedge"]
     items.append(
         f"The wedge over x{w['width_ratio']:g} in width: N_repr grows "
-        f"x{num(w['n_repr_growth'], 2)} (log-log slope {num(w['n_repr_loglog_slope'], 2)}), "
-        f"N_causal x{num(w['n_causal_growth'], 2)} (slope "
+        f"{growth(w['n_repr_growth'])} (log-log slope {num(w['n_repr_loglog_slope'], 2)}), "
+        f"N_causal {growth(w['n_causal_growth'])} (slope "
         f"{num(w['n_causal_loglog_slope'], 2)}); at the widest SAE "
         f"{pct(a['per_width'][-1]['inert_fraction'])} of firing features fall below epsilon."
     )
@@ -144,10 +144,10 @@ def beside_paper(doc: Doc, results: dict) -> None:
         ["quantity", "this run", "paper"],
         [
             ["width ratio of the sweep", f"x{w['width_ratio']:g}", f"x{paper['width_ratio']}"],
-            ["N_repr growth", f"x{num(w['n_repr_growth'], 2)}", f"x{paper['n_repr_growth']}"],
+            ["N_repr growth", f"{growth(w['n_repr_growth'])}", f"x{paper['n_repr_growth']}"],
             [
                 "N_causal growth",
-                f"x{num(w['n_causal_growth'], 2)}",
+                f"{growth(w['n_causal_growth'])}",
                 f"x{paper['n_causal_growth']}",
             ],
             [
