@@ -62,7 +62,7 @@ def finished_run(tmp_path_factory, tiny_model, text_corpus):
 def test_results_hold_every_number_of_the_report(finished_run):
     out, _ = finished_run
     r = json.loads((out / "results.json").read_text())
-    assert r["schema"] == "causaldim.results/2" and r["headline"] == "topk"
+    assert r["schema"] == "causaldim.results/3" and r["headline"] == "topk"
     a = r["sweep"]["topk"]
     assert [row["width"] for row in a["per_width"]] == [16, 32, 64, 128, 256]
     for row in a["per_width"]:

@@ -17,6 +17,7 @@ from causaldim.config import AnalysisConfig, HarvestConfig, SweepConfig
 from causaldim.errors import IntegrityError, UsageError
 from causaldim.fileio import write_sealed_json
 from causaldim.measure.analysis import ATP_EDGES
+from causaldim.measure.sigma import DEBIASED
 from causaldim.paper import PAPER
 from causaldim.report.doc import Doc
 from causaldim.report.figures import plot_atp, plot_sigma, plot_wedge
@@ -84,6 +85,20 @@ def sigma_estimate(reading, erank, pr, iv, n_tokens=8192, probes=1, warning=None
             {"n_samples": n, "erank": erank, "participation_ratio": pr},
         ],
         "warning": warning,
+        "n_eff": 0.25 * n,
+        # the finite-sample correction: for the direct readings, 10% above the plug-in
+        **(
+            dict.fromkeys(DEBIASED)
+            if reading == "activations"
+            else {
+                "erank_corrected": 1.1 * erank,
+                "erank_corrected_95": [1.1 * iv[0], 1.1 * iv[1]] if boot else None,
+                "erank_corrected_half": 1.09 * erank,
+                "eigenvalues_corrected": [1.0 / D] * D,
+                "participation_ratio_unbiased": 1.2 * pr,
+                "participation_ratio_unbiased_95": [1.1 * pr, 1.3 * pr] if boot else None,
+            }
+        ),
     }
 
 
@@ -382,12 +397,18 @@ def test_headline_quotes_the_fits_the_direct_estimates_and_the_wedge():
         "N_causal(m_max) / kappa_hat = 69.6%; 95% of kappa_hat is reached at width 9,880."
     ) in md
     assert "- Constrained to kappa <= d: kappa_hat = 433 [311, 576] (hyperbolic)." in md
-    assert "- Direct estimate, loss: erank(Sigma) = 123 [110, 132], erank/d = 0.21, PR = 46." in md
+    assert md.index("Direct kappa") < md.index("SAE estimate")  # the direct one leads
     assert (
-        "- Direct estimate, logits: erank(Sigma) = 234 [220, 250], erank/d = 0.41, PR = 79." in md
-    )
-    assert "Direct estimate, fisher: erank(Sigma) = 211 [199, 230]" in md
-    assert "Direct estimate, activations" not in md  # a reference, not an estimate
+        "- Direct kappa = erank(E[J^T J]) (logits reading, corrected for finite samples): 258 "
+        "[242, 275] (95%, resampled sequence blocks), 0.45 d; participation ratio (unbiased) "
+        "94.7 [87, 103]; 2,048 effective samples (3.6 per dimension)."
+    ) in md
+    assert "- Beside it, loss: corrected erank 136 [121, 145], unbiased PR 54.7 [50, 59]." in md
+    assert "- Beside it, fisher: corrected erank 232 [219, 253], unbiased PR 79.9 [73, 87]." in md
+    assert (
+        "- Plug-in eranks (biased low by finite samples): logits 234, loss 123, fisher 211."
+    ) in md
+    assert "activations" not in md  # a reference, not an estimate
     assert (
         "- The wedge over x4 in width: N_repr grows x3.78 (log-log slope 0.96), N_causal "
         "x7.34 (slope 1.44); at the widest SAE 92.1% of firing features fall below epsilon."
@@ -418,7 +439,7 @@ def test_beside_paper_sets_each_number_of_the_run_beside_the_papers():
         "| firing features below epsilon (widest SAE) | 92.1% | 97.9% |",
         "| kappa_hat [95% CI] | 433 [311, 698] | 1,990 [545, 5,130] |",
         "| kappa_hat / d | 0.75 | 0.86 |",
-        "| kappa_PR (direct, loss) | 45.6 | 280 |",
+        "| kappa_PR (direct, logits, unbiased) | 94.7 | 280 |",
         "| coverage at the widest SAE | 69.6% | 72.0% |",
         "| width for (95%) recovery | 9,880 | 2,600,000 |",
     ):
@@ -503,9 +524,11 @@ def without_bootstrap() -> dict:
         for f in k["fits"].values():
             f["interval_95"] = [math.nan, math.nan]
     a["wedge"].update(n_repr_growth=None, n_causal_growth=None, n_causal_loglog_slope=None)
-    del results["sigma"]["loss"]
+    del results["sigma"]["loss"], results["sigma"]["logits"]
     for est in results["sigma"].values():
         est["bootstrap"] = None
+        if est["erank_corrected"] is not None:
+            est["erank_corrected_95"] = est["participation_ratio_unbiased_95"] = None
     return results
 
 
@@ -515,19 +538,25 @@ def test_missing_values_render_as_na():
     assert "kappa_hat = 433, 95% bootstrap interval [n/a]" in md
     assert "N_causal(m_max) / kappa_hat = n/a; 95% of kappa_hat is reached at width n/a." in md
     assert "Constrained to kappa <= d: kappa_hat = 433 [n/a] (hyperbolic)." in md
-    assert "Direct estimate, loss" not in md
-    assert "Direct estimate, logits: erank(Sigma) = 234 [n/a]" in md
+    assert "Beside it" not in md  # fisher alone leads
+    assert (
+        "Direct kappa = erank(E[J^T J]) (fisher reading, corrected for finite samples): 232 "
+        "[n/a] (95%, resampled sequence blocks), 0.40 d; participation ratio (unbiased) 79.9 "
+        "[n/a]; 2,048 effective samples (3.6 per dimension)."
+    ) in md
     (wedge,) = lines_with(md, "The wedge over x4")
     assert "N_repr grows" in wedge and "(log-log slope 0.96)" in wedge
     assert wedge.count("n/a") == 3  # two growth ratios and one slope
     assert "| kappa_hat [95% CI] | 433 [n/a] | 1,990 [545, 5,130] |" in md
-    assert "| kappa_PR (direct, loss) | n/a | 280 |" in md
+    assert "| kappa_PR (direct, fisher, unbiased) | 79.9 | 280 |" in md
     assert "| coverage at the widest SAE | n/a | 72.0% |" in md
     assert "| width for (95%) recovery | n/a | 2,600,000 |" in md
     assert "95% interval [n/a]); 8,192 eval tokens in 32 blocks, 0 bootstrap resamples" in md
     assert "| 1,024 | 1,010 | [n/a] | 41 | [n/a] | 95.9% | n/a | n/a | n/a | n/a |" in md
     assert "| hyperbolic | 433 | [n/a] | 9.87 | 9,880 | n/a |  |" in md
-    assert "| logits | 234.5 | [n/a] | 0.407 | 78.9 | 8,192 |  |" in md
+    assert (
+        "| fisher | 232 | [n/a] | 0.403 | 79.9 | [n/a] | 210.9 [n/a] | 66.6 | 2,048 | 8,192 |" in md
+    )
     assert "nan" not in md
 
 
@@ -535,13 +564,19 @@ def test_direct_sigma_tabulates_every_reading_with_its_warning():
     figures = {"sigma": Path("/f/sigma.png")}
     md = text(direct_sigma, results=make_results(), figures=figures)
     assert "## Direct Sigma" in md
-    assert "| reading | erank | 95% CI | erank/d | PR | samples | warning |" in md
-    assert "| loss | 123.4 | [110, 132] | 0.214 | 45.6 | 8,192 |  |" in md
     assert (
-        "| fisher | 210.9 | [199, 230] | 0.366 | 66.6 | 8,192 | not converged: erank changed |"
-        in md
-    )
-    assert "| activations | 301.2 | [290, 311] | 0.523 | 12.3 | 8,192 |  |" in md
+        "| reading | erank (corrected) | 95% CI | /d | PR (unbiased) | 95% CI | "
+        "erank (plug-in) [95%] | PR (plug-in) | n_eff | samples | warning |"
+    ) in md
+    assert (
+        "| loss | 136 | [121, 145] | 0.236 | 54.7 | [50, 59] | 123.4 [110, 132] | 45.6 | "
+        "2,048 | 8,192 |  |"
+    ) in md
+    assert "| fisher | 232 | [219, 253] |" in md and "| not converged: erank changed |" in md
+    assert (
+        "| activations | n/a | [n/a] | n/a | n/a | [n/a] | 301.2 [290, 311] | 12.3 | 2,048 | "
+        "8,192 |  |"
+    ) in md
     assert md.index("| loss |") < md.index("| logits |") < md.index("| activations |")
     assert "![sigma](f/sigma.png)" in md
     assert text(direct_sigma, results=make_results(sigma={})) == "\n"  # no reading: no section
@@ -581,24 +616,18 @@ def test_provenance_of_a_hub_model_a_reused_store_ray_and_no_ce():
 def test_sigma_table_lists_every_reading_and_its_warning():
     table = sigma_table(make_results()).splitlines()
     assert table[0].split() == [
-        "reading",
-        "erank",
-        "95%",
-        "interval",
-        "erank/d",
-        "PR",
-        "samples",
-        "per",
-        "dim",
+        *("reading", "erank", "95%", "interval", "/d", "PR"),
+        *("plug-in", "PR", "pl.", "n_eff", "per", "dim"),
     ]
-    assert table[1].split() == ["loss", "123.4", "[", "110.2,", "131.8]", "0.214", "45.6"] + [
-        "8192",
-        "14.2",
+    assert table[1].split() == [
+        *("loss", "136", "[", "121.2,", "145.0]", "0.236", "54.7"),
+        *("123.4", "45.6", "2,048", "3.6"),
     ]
     assert table[3].startswith("fisher ")
     assert table[4] == "  warning: not converged: erank changed"
-    assert table[5].split()[:2] == ["activations", "301.2"]
-    assert len(table) == 6
+    assert table[5].split()[:5] == ["activations", "n/a", "[n/a]", "n/a", "n/a"]
+    assert table[6] == "erank and PR: corrected for finite samples; plug-in: of the sample Sigma"
+    assert len(table) == 7
 
 
 def test_sigma_table_writes_a_missing_interval_as_na():

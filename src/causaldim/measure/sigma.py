@@ -20,6 +20,8 @@ import torch
 
 from ..config import AnalysisConfig
 from ..harvest.store import Store
+from . import debias
+from .debias import n_eff
 from .stats import interval_95
 
 READINGS = {"loss": "g", "logits": "u_logits", "fisher": "u_fisher", "activations": "h"}
@@ -47,13 +49,16 @@ def spectrum(eigenvalues: torch.Tensor) -> Spectrum:
 
 
 class BlockSums:
-    """Per-block sums of x x^T (and of x, for a centred covariance) on device, and counts
-    (on the CPU)."""
+    """Per-block sums of x x^T (and of x, for a centred covariance) on device, counts
+    (on the CPU), and each sample's squared norm and block (the weights of the
+    finite-sample correction, debias.py)."""
 
     def __init__(self, d: int, blocks: int, centred: bool = False, device="cpu"):
         self.xx = torch.zeros(blocks, d, d, dtype=torch.float64, device=device)
         self.x = torch.zeros(blocks, d, dtype=torch.float64, device=device) if centred else None
         self.n = torch.zeros(blocks, dtype=torch.float64, device="cpu")
+        self._sq: list[torch.Tensor] = []
+        self._block: list[torch.Tensor] = []
 
     def add(self, block: int, x: torch.Tensor) -> None:
         x = x.to(self.xx.device, torch.float32)
@@ -61,6 +66,14 @@ class BlockSums:
         if self.x is not None:
             self.x[block] += x.sum(0).double()
         self.n[block] += len(x)
+        self._sq.append(x.double().pow(2).sum(1).cpu())
+        self._block.append(torch.full((len(x),), block, dtype=torch.long))
+
+    def samples(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every sample's |x|^2 and block, in the order added."""
+        if not self._sq:
+            return torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.long)
+        return torch.cat(self._sq), torch.cat(self._block)
 
     def matrix(self, weights: torch.Tensor | None = None) -> torch.Tensor:
         """The estimate from the blocks with these weights (default: all, once)."""
@@ -88,6 +101,14 @@ class SigmaEstimate(NamedTuple):
     split_half: dict  # erank and PR of each half of the blocks
     convergence: list[dict]  # erank and PR over growing numbers of samples
     warning: str | None
+    # Finite-sample bias removed (debias.py; None for the centred activations reading):
+    n_eff: float  # (sum |u|^2)^2 / sum |u|^4, equal samples that spread the spectrum as much
+    erank_corrected: float | None  # erank of the deconvolved spectrum
+    erank_corrected_95: list[float] | None  # percentile interval over resampled blocks
+    erank_corrected_half: float | None  # the same from the first half of the blocks
+    eigenvalues_corrected: list[float] | None  # the deconvolved spectrum, unit trace
+    participation_ratio_unbiased: float | None  # from U-statistics over block pairs
+    participation_ratio_unbiased_95: list[float] | None
 
     def to_dict(self) -> dict:
         return self._asdict()
@@ -126,14 +147,16 @@ def estimate(
     point = spectrum(eig)
     blocks = len(sums.n)
 
-    boot = None
+    boot, resampled = None, []  # resampled: (block weights, plug-in eigenvalues)
     if cfg.bootstrap and blocks > 1:
         gen = torch.Generator().manual_seed(seed)
         draws = torch.randint(0, blocks, (cfg.bootstrap, blocks), generator=gen, device="cpu")
         stats = []
         for row in draws:
             w = torch.bincount(row, minlength=blocks)
-            stats.append(spectrum(torch.linalg.eigvalsh(sums.matrix(w))))
+            eig_w = torch.linalg.eigvalsh(sums.matrix(w))
+            stats.append(spectrum(eig_w))
+            resampled.append((w, eig_w))
         boot = {"resamples": cfg.bootstrap, "blocks": blocks}
         for name, value in (
             ("erank", point.erank),
@@ -162,26 +185,37 @@ def estimate(
             }
         )
 
-    per_dim = n_samples / d
+    sq, _ = sums.samples()
+    effective = n_eff(float(sq.sum()), float(sq.pow(2).sum()))
+    debiased = _debiased(sums, eig, resampled, seed) if sums.x is None else dict.fromkeys(DEBIASED)
     warnings = []
-    if per_dim < cfg.min_samples_per_dim:
+    if effective / d < cfg.min_samples_per_dim:
         warnings.append(
-            f"only {n_samples} rank-1 samples for d={d} ({per_dim:.1f} per dimension): "
-            "finite samples bias erank; harvest more eval tokens or probes"
+            f"only {effective:,.0f} effective samples (n_eff) for d={d} "
+            f"({effective / d:.1f} per dimension; {n_samples:,} rank-1 samples, unequal "
+            "norms): finite samples bias the plug-in erank"
+            + ("" if sums.x is not None else ", which the corrected erank removes")
+            + "; harvest more eval tokens or probes"
         )
-    if len(curve) > 1 and curve[-2]["n_samples"] * 2 >= curve[-1]["n_samples"] * 0.9:
-        change = point.erank / curve[-2]["erank"] - 1
-        if abs(change) > cfg.converged_change:
-            warnings.append(
-                f"not converged: erank changed by {100 * change:+.1f}% over the last doubling "
-                "of samples; harvest more eval tokens or probes"
-            )
+    half = debiased["erank_corrected_half"]
+    if half is not None:
+        change = debiased["erank_corrected"] / half - 1
+        what = "the corrected erank"
+    elif len(curve) > 1 and curve[-2]["n_samples"] * 2 >= curve[-1]["n_samples"] * 0.9:
+        change, what = point.erank / curve[-2]["erank"] - 1, "erank"
+    else:
+        change = None
+    if change is not None and abs(change) > cfg.converged_change:
+        warnings.append(
+            f"not converged: {what} changed by {100 * change:+.1f}% over the last doubling "
+            "of samples; harvest more eval tokens or probes"
+        )
     warning = "; ".join(warnings) or None
     return SigmaEstimate(
         reading,
         n_samples // probes_per_token,
         n_samples,
-        per_dim,
+        n_samples / d,
         eig.tolist(),
         point.erank,
         point.erank / d,
@@ -191,7 +225,70 @@ def estimate(
         halves,
         curve,
         warning,
+        effective,
+        **debiased,
     )
+
+
+DEBIASED = (
+    "erank_corrected",
+    "erank_corrected_95",
+    "erank_corrected_half",
+    "eigenvalues_corrected",
+    "participation_ratio_unbiased",
+    "participation_ratio_unbiased_95",
+)
+
+
+def _debiased(sums: BlockSums, eig: torch.Tensor, resampled: list, seed: int) -> dict:
+    """The corrected erank and the unbiased PR of an uncentred reading, each with its
+    interval over the bootstrap's resampled blocks (the first debias.RESAMPLES of them
+    for the erank, whose resamples each cost a few deconvolution steps)."""
+    d, blocks = sums.xx.shape[-1], len(sums.n)
+    sq, block = sums.samples()
+    gen = torch.Generator().manual_seed(seed + 7919)  # apart from the bootstrap's draws
+    flat = sums.xx.reshape(blocks, -1)
+    gram = (flat @ flat.T).cpu()
+    traces = sums.xx.diagonal(dim1=1, dim2=2).sum(-1).cpu()
+
+    def corrected(weights, observed, draws, start=None, iterations=debias.ITERATIONS):
+        qs = [
+            debias.simulated_sum(sq, block, weights, d, gen, sums.xx.device) for _ in range(draws)
+        ]
+        return debias.deconvolve(observed, qs, start, iterations)
+
+    ones = torch.ones(blocks, dtype=torch.float64)
+    lam = corrected(ones, eig, debias.DRAWS)
+    first_half = (torch.arange(blocks) < blocks // 2).double()
+    half = None
+    if blocks > 1:
+        half_eig = torch.linalg.eigvalsh(sums.matrix(first_half)).flip(0)
+        half = debias.erank_of(corrected(first_half, half_eig, debias.DRAWS, lam))
+    point = debias.erank_of(lam)
+    pr = debias.unbiased_pr(gram, traces, sums.n, ones)
+    erank_boot = [
+        debias.erank_of(corrected(w, e, 1, lam, debias.RESAMPLE_ITERATIONS))
+        for w, e in resampled[: debias.RESAMPLES]
+    ]
+    pr_boot = [debias.unbiased_pr(gram, traces, sums.n, w) for w, _ in resampled]
+    return {
+        "erank_corrected": point,
+        "erank_corrected_95": _holding(point, erank_boot),
+        "erank_corrected_half": half,
+        "eigenvalues_corrected": lam.cpu().tolist(),
+        "participation_ratio_unbiased": pr,
+        "participation_ratio_unbiased_95": _holding(pr, pr_boot),
+    }
+
+
+def _holding(point: float, values: list[float]) -> list[float] | None:
+    """The percentile interval of resampled values, widened where needed to hold the
+    point estimate (so that the interval never excludes the number it qualifies)."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return None
+    lo, hi = interval_95(finite)
+    return [min(lo, point), max(hi, point)]
 
 
 def _intervals(name: str, point: float, values: list[float]) -> dict:

@@ -60,21 +60,44 @@ def plot_sigma(results: dict, path: Path) -> Path:
         lam = [max(x, 0.0) for x in est["eigenvalues"]]
         total = sum(lam) or 1.0
         style = "--" if reading == "activations" else "-"
-        ax_spec.loglog(
+        (line,) = ax_spec.loglog(
             range(1, len(lam) + 1),
             [x / total for x in lam],
             style,
-            label=f"{READING_LABELS.get(reading, reading)}: erank {est['erank']:.0f}, "
-            f"PR {est['participation_ratio']:.0f}",
+            lw=0.8,
+            label=f"{READING_LABELS.get(reading, reading)}: plug-in erank {est['erank']:.0f}",
         )
+        corrected = est.get("erank_corrected")
+        if corrected is not None:  # the deconvolved spectrum, bold, in the same colour
+            lam_c = est["eigenvalues_corrected"]
+            ax_spec.loglog(
+                range(1, len(lam_c) + 1),
+                lam_c,
+                "-",
+                lw=2,
+                alpha=0.6,
+                color=line.get_color(),
+                label=f"{reading}, corrected: erank {corrected:.0f}",
+            )
         conv = est["convergence"]
         ax_conv.semilogx(
-            [c["n_samples"] for c in conv], [c["erank"] for c in conv], style + "o", label=reading
+            [c["n_samples"] for c in conv],
+            [c["erank"] for c in conv],
+            style + "o",
+            color=line.get_color(),
+            label=f"{reading}, plug-in",
         )
-        if est.get("bootstrap"):  # the interval need not contain the (biased) estimate
-            lo, hi = est["bootstrap"]["erank_95"]
-            ax_conv.vlines(
-                conv[-1]["n_samples"], lo, hi, lw=3, alpha=0.6, color=ax_conv.lines[-1].get_color()
+        if corrected is not None and est.get("erank_corrected_95"):
+            lo, hi = est["erank_corrected_95"]
+            n = conv[-1]["n_samples"]
+            ax_conv.errorbar(
+                [n],
+                [corrected],
+                [[corrected - lo], [hi - corrected]],
+                fmt="s",
+                color=line.get_color(),
+                capsize=3,
+                label=f"{reading}, corrected [95%]",
             )
     ax_spec.set_xlabel("eigenvalue index")
     ax_spec.set_ylabel("eigenvalue / trace")
@@ -86,7 +109,7 @@ def plot_sigma(results: dict, path: Path) -> Path:
     ax_conv.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide on a log axis
     ax_conv.set_xlabel("rank-1 samples")
     ax_conv.set_ylabel("erank")
-    ax_conv.set_title("convergence (95% bootstrap interval at the end)")
+    ax_conv.set_title("plug-in erank by sample count; corrected at the end")
     ax_conv.legend(fontsize=7)
     fig.tight_layout()
     return save(fig, path)
@@ -128,13 +151,13 @@ def plot_wedge(results: dict, arch: str, path: Path) -> Path:
             ax.axhspan(lo, hi, color="C3", alpha=0.08)
     ax.axhline(d, color="black", lw=0.8, ls=":", label=f"d = {d}")
     for i, reading in enumerate(r for r in DIRECT if r in results.get("sigma", {})):
-        est = results["sigma"][reading]
+        value = results["sigma"][reading]["erank_corrected"]
         ax.axhline(
-            est["erank"],
+            value,
             color=f"C{4 + i}",
             lw=1,
             ls="-.",
-            label=f"direct erank, {reading}: {est['erank']:.0f}",
+            label=f"direct erank (corrected), {reading}: {value:.0f}",
         )
     ax.axvline(widths[-1], color="grey", lw=0.6)
     ax.set_xscale("log")

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from ..harvest import Store
     from ..measure.layer import Measurement
 
-SCHEMA = "causaldim.results/2"
+SCHEMA = "causaldim.results/3"
 
 
 def load_results(path: Path | str) -> dict:

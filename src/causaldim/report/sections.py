@@ -7,27 +7,30 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..measure.sigma import DIRECT
 from .doc import Doc
 from .fmt import ci, growth, num, pct, sci
 
 
 def sigma_table(results: dict) -> str:
-    """A plain-text table of the direct estimates."""
+    """A plain-text table of the direct estimates: corrected, then plug-in."""
+    d = results["store"]["model"]["d_model"]
     rows = [
-        f"{'reading':<12} {'erank':>8} {'95% interval':>17} {'erank/d':>8} {'PR':>7} "
-        f"{'samples':>9} {'per dim':>8}"
+        f"{'reading':<12} {'erank':>8} {'95% interval':>17} {'/d':>6} {'PR':>7} "
+        f"{'plug-in':>8} {'PR pl.':>7} {'n_eff':>8} {'per dim':>8}"
     ]
     for reading, est in results["sigma"].items():
-        iv = (est.get("bootstrap") or {}).get("erank_95")
+        corrected = est.get("erank_corrected")
+        iv = est.get("erank_corrected_95")
         interval = f"[{iv[0]:7.1f}, {iv[1]:7.1f}]" if iv else f"{'[n/a]':>17}"
         rows.append(
-            f"{reading:<12} {est['erank']:8.1f} {interval} "
-            f"{est['erank_over_d']:8.3f} {est['participation_ratio']:7.1f} "
-            f"{est['n_samples']:9d} {est['samples_per_dim']:8.1f}"
+            f"{reading:<12} {num(corrected):>8} {interval} "
+            f"{'n/a' if corrected is None else f'{corrected / d:.3f}':>6} "
+            f"{num(est.get('participation_ratio_unbiased')):>7} {est['erank']:8.1f} "
+            f"{est['participation_ratio']:7.1f} {est['n_eff']:8,.0f} {est['n_eff'] / d:8.1f}"
         )
         if est.get("warning"):
             rows.append(f"  warning: {est['warning']}")
+    rows.append("erank and PR: corrected for finite samples; plug-in: of the sample Sigma")
     return "\n".join(rows)
 
 
@@ -95,7 +98,9 @@ def headline(doc: Doc, results: dict) -> None:
     free, bounded = a["kappa"]["free"], a["kappa"]["at_most_d"]
     sigma = results.get("sigma", {})
     doc.h(2, "Headline")
+    d = results["store"]["model"]["d_model"]
     items = [
+        *direct_kappa(sigma, d),
         f"SAE estimate ({arch}, {free['form']} fit chosen by AIC): kappa_hat = "
         f"{free['kappa']:,.0f}, 95% bootstrap interval {ci(free['interval_95'])}; "
         f"kappa_hat / d = {free['kappa_over_d']:.2f}; coverage at the widest SAE "
@@ -104,14 +109,6 @@ def headline(doc: Doc, results: dict) -> None:
         f"Constrained to kappa <= d: kappa_hat = {bounded['kappa']:,.0f} "
         f"{ci(bounded['interval_95'])} ({bounded['form']}).",
     ]
-    for reading in DIRECT:
-        if reading in sigma:
-            est = sigma[reading]
-            iv = (est.get("bootstrap") or {}).get("erank_95")
-            items.append(
-                f"Direct estimate, {reading}: erank(Sigma) = {est['erank']:.0f} {ci(iv)}, "
-                f"erank/d = {est['erank_over_d']:.2f}, PR = {est['participation_ratio']:.0f}."
-            )
     w = a["wedge"]
     items.append(
         f"The wedge over x{w['width_ratio']:g} in width: N_repr grows "
@@ -126,6 +123,34 @@ def headline(doc: Doc, results: dict) -> None:
         doc.ul(a["warnings"])
 
 
+def direct_kappa(sigma: dict, d: int) -> list[str]:
+    """The direct estimate first: kappa = erank(E[J^T J]) from the logits reading (the
+    definition), finite-sample corrected, then the other readings beside it."""
+    readings = [r for r in ("logits", "loss", "fisher") if r in sigma]
+    lines = []
+    for i, reading in enumerate(readings):
+        est = sigma[reading]
+        corrected, pr = est["erank_corrected"], est["participation_ratio_unbiased"]
+        if i == 0:
+            lines.append(
+                f"Direct kappa = erank(E[J^T J]) ({reading} reading, corrected for finite "
+                f"samples): {num(corrected)} {ci(est['erank_corrected_95'])} (95%, resampled "
+                f"sequence blocks), {corrected / d:.2f} d; participation ratio (unbiased) "
+                f"{num(pr)} {ci(est['participation_ratio_unbiased_95'])}; "
+                f"{est['n_eff']:,.0f} effective samples ({est['n_eff'] / d:.1f} per dimension)."
+            )
+        else:
+            lines.append(
+                f"Beside it, {reading}: corrected erank {num(corrected)} "
+                f"{ci(est['erank_corrected_95'])}, unbiased PR {num(pr)} "
+                f"{ci(est['participation_ratio_unbiased_95'])}."
+            )
+    if readings:
+        plug_ins = ", ".join(f"{r} {sigma[r]['erank']:.0f}" for r in readings)
+        lines.append(f"Plug-in eranks (biased low by finite samples): {plug_ins}.")
+    return lines
+
+
 def beside_paper(doc: Doc, results: dict) -> None:
     a = results["sweep"][results["headline"]]
     free = a["kappa"]["free"]
@@ -138,7 +163,8 @@ def beside_paper(doc: Doc, results: dict) -> None:
         "in width). Counts are forced by calibration at the reference width; compare "
         "growth and shapes, not levels."
     )
-    pr = sigma.get("loss", {}).get("participation_ratio")
+    lead = next((r for r in ("logits", "loss", "fisher") if r in sigma), None)
+    pr = sigma[lead]["participation_ratio_unbiased"] if lead else None
     last = a["per_width"][-1]
     doc.table(
         ["quantity", "this run", "paper"],
@@ -161,7 +187,7 @@ def beside_paper(doc: Doc, results: dict) -> None:
                 f"{paper['kappa_hat']:,} {ci(paper['kappa_hat_95'])}",
             ],
             ["kappa_hat / d", f"{free['kappa_over_d']:.2f}", f"{paper['kappa_over_d']}"],
-            ["kappa_PR (direct, loss)", num(pr), f"{paper['kappa_pr']}"],
+            [f"kappa_PR (direct, {lead or 'n/a'}, unbiased)", num(pr), f"{paper['kappa_pr']}"],
             ["coverage at the widest SAE", pct(free["coverage"]), pct(paper["coverage"])],
             [
                 "width for (95%) recovery",
@@ -241,25 +267,54 @@ def sweeps(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
 
 def direct_sigma(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
     sigma = results.get("sigma", {})
-    if sigma:
-        doc.h(2, "Direct Sigma")
-        rows = []
-        for reading, est in sigma.items():
-            iv = (est.get("bootstrap") or {}).get("erank_95")
-            rows.append(
-                [
-                    reading,
-                    f"{est['erank']:.1f}",
-                    ci(iv),
-                    f"{est['erank_over_d']:.3f}",
-                    f"{est['participation_ratio']:.1f}",
-                    f"{est['n_samples']:,}",
-                    est.get("warning") or "",
-                ]
-            )
-        doc.table(["reading", "erank", "95% CI", "erank/d", "PR", "samples", "warning"], rows)
-        if "sigma" in figures:
-            doc.img(figures["sigma"], "sigma")
+    if not sigma:
+        return
+    doc.h(2, "Direct Sigma")
+    doc.p(
+        "Corrected: the erank of the spectrum deconvolved from the sampling spread, and the "
+        "participation ratio from U-statistics over pairs of samples in different sequence "
+        "blocks; plug-in: of the sample Sigma, biased low. Intervals: 95%, over resampled "
+        "blocks of sequences. n_eff = (sum |u|^2)^2 / sum |u|^4."
+    )
+    rows = []
+    for reading, est in sigma.items():
+        iv = (est.get("bootstrap") or {}).get("erank_95")
+        corrected = est.get("erank_corrected")
+        rows.append(
+            [
+                reading,
+                num(corrected),
+                ci(est.get("erank_corrected_95")),
+                "n/a"
+                if corrected is None
+                else f"{corrected / results['store']['model']['d_model']:.3f}",
+                num(est.get("participation_ratio_unbiased")),
+                ci(est.get("participation_ratio_unbiased_95")),
+                f"{est['erank']:.1f} {ci(iv)}",
+                f"{est['participation_ratio']:.1f}",
+                f"{est['n_eff']:,.0f}",
+                f"{est['n_samples']:,}",
+                est.get("warning") or "",
+            ]
+        )
+    doc.table(
+        [
+            "reading",
+            "erank (corrected)",
+            "95% CI",
+            "/d",
+            "PR (unbiased)",
+            "95% CI",
+            "erank (plug-in) [95%]",
+            "PR (plug-in)",
+            "n_eff",
+            "samples",
+            "warning",
+        ],
+        rows,
+    )
+    if "sigma" in figures:
+        doc.img(figures["sigma"], "sigma")
 
 
 def provenance(doc: Doc, results: dict) -> None:
