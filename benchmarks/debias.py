@@ -34,7 +34,7 @@ def power_law(d: int, alpha: float) -> torch.Tensor:
 def planted_sums(lam: torch.Tensor, ratio: float, gen: torch.Generator) -> BlockSums:
     """Block sums of about ratio * d / 0.24 samples, so that n_eff / d is near ratio."""
     d = len(lam)
-    per_block = max(SEQ, round(ratio * d / math.exp(-NORM_SIGMA**2) / BLOCKS / SEQ) * SEQ)
+    per_block = max(SEQ, round(ratio * d / math.exp(-(NORM_SIGMA**2)) / BLOCKS / SEQ) * SEQ)
     sums = BlockSums(d, BLOCKS)
     for b in range(BLOCKS):
         a2 = torch.exp(NORM_SIGMA * torch.randn(per_block, generator=gen, dtype=torch.float64))
@@ -81,10 +81,12 @@ def main() -> None:
     )
     for ratio in args.ratios:
         t = time.perf_counter()
-        rows = [trial(lam, ratio, 1000 * i + int(ratio), args.resamples) for i in range(args.trials)]
+        rows = [
+            trial(lam, ratio, 1000 * i + int(ratio), args.resamples) for i in range(args.trials)
+        ]
         per = (time.perf_counter() - t) / args.trials
 
-        def mean(key):
+        def mean(key, rows=rows):
             return sum(r[key] for r in rows) / len(rows)
 
         worst = max(abs(r["corrected"]) for r in rows)

@@ -107,7 +107,7 @@ def simulated_sum(
         keep = w > 0
         if not keep.any():
             continue
-        z = torch.randn(len(w), d, generator=gen)[keep].to(device)
+        z = torch.randn(len(w), d, generator=gen, device="cpu")[keep].to(device)
         q += ((z * w[keep].to(device)[:, None]).T @ z).double()
     return q
 

@@ -67,12 +67,13 @@ class BlockSums:
             self.x[block] += x.sum(0).double()
         self.n[block] += len(x)
         self._sq.append(x.double().pow(2).sum(1).cpu())
-        self._block.append(torch.full((len(x),), block, dtype=torch.long))
+        self._block.append(torch.full((len(x),), block, dtype=torch.long, device="cpu"))
 
     def samples(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Every sample's |x|^2 and block, in the order added."""
         if not self._sq:
-            return torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.long)
+            empty = torch.zeros(0, device="cpu")
+            return empty.double(), empty.long()
         return torch.cat(self._sq), torch.cat(self._block)
 
     def matrix(self, weights: torch.Tensor | None = None) -> torch.Tensor:
@@ -246,7 +247,7 @@ def _debiased(sums: BlockSums, eig: torch.Tensor, resampled: list, seed: int) ->
     for the erank, whose resamples each cost a few deconvolution steps)."""
     d, blocks = sums.xx.shape[-1], len(sums.n)
     sq, block = sums.samples()
-    gen = torch.Generator().manual_seed(seed + 7919)  # apart from the bootstrap's draws
+    gen = torch.Generator(device="cpu").manual_seed(seed + 7919)  # apart from the bootstrap's draws
     flat = sums.xx.reshape(blocks, -1)
     gram = (flat @ flat.T).cpu()
     traces = sums.xx.diagonal(dim1=1, dim2=2).sum(-1).cpu()
@@ -257,9 +258,9 @@ def _debiased(sums: BlockSums, eig: torch.Tensor, resampled: list, seed: int) ->
         ]
         return debias.deconvolve(observed, qs, start, iterations)
 
-    ones = torch.ones(blocks, dtype=torch.float64)
+    ones = torch.ones(blocks, dtype=torch.float64, device="cpu")
     lam = corrected(ones, eig, debias.DRAWS)
-    first_half = (torch.arange(blocks) < blocks // 2).double()
+    first_half = (torch.arange(blocks, device="cpu") < blocks // 2).double()
     half = None
     if blocks > 1:
         half_eig = torch.linalg.eigvalsh(sums.matrix(first_half)).flip(0)
