@@ -7,8 +7,10 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from test_cli import snapshot
 
+import causaldim
 from causaldim import cli
 from causaldim.config import PRESETS, preset_configs
 from causaldim.errors import UsageError
@@ -99,8 +101,8 @@ def test_the_report_renders_and_re_renders_from_results_alone(finished_run, caps
     for text in ("kappa_hat", "Beside the paper", "N_causal", "Direct Sigma", "![wedge_topk]"):
         assert text in md
     page = (out / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 3  # sigma, wedge, AtP figures inlined
-    for name in ("sigma.png", "wedge_topk.png", "atp_topk.png"):
+    assert page.count("data:image/png;base64,") == 4  # sigma, wedge, AtP, subspace inlined
+    for name in ("sigma.png", "wedge_topk.png", "atp_topk.png", "subspace.png"):
         assert (out / "figures" / name).stat().st_size > 10_000
         (out / "figures" / name).unlink()
     (out / "report.md").unlink()
@@ -298,3 +300,31 @@ def test_sae_files_replace_training(tmp_path, tiny_model, text_corpus, capsys):
     assert cli.main(bad) == 2
     assert "the SAE reads d = 48, layer 2" in capsys.readouterr().err
     assert not (tmp_path / "other").exists()
+
+
+def test_a_run_saves_each_readings_subspace_and_relates_every_sae(finished_run):
+    out, _ = finished_run
+    r = json.loads((out / "results.json").read_text())
+    sub = r["subspace"]
+    assert sub["reading"] == "logits" and set(sub["files"]) == {"loss", "logits", "fisher"}
+    d = r["store"]["model"]["d_model"]
+    for reading, rel in sub["files"].items():
+        saved = causaldim.load_subspace(out / rel)
+        est = r["sigma"][reading]
+        vectors = saved["eigenvectors"].double()
+        assert vectors.shape == (d, d)
+        assert torch.allclose(vectors.T @ vectors, torch.eye(d, dtype=torch.float64), atol=1e-4)
+        assert saved["eigenvalues"].tolist() == pytest.approx(est["eigenvalues"])
+        assert saved["eigenvalues_corrected"].tolist() == pytest.approx(
+            est["eigenvalues_corrected"]
+        )
+        assert saved["directions_for"] == est["directions_for"] and saved["reading"] == reading
+    assert 1 <= sub["k"] <= d
+    rows = sub["saes"]["topk"]
+    assert [row["width"] for row in rows] == [16, 32, 64, 128, 256]
+    for row, per_width in zip(rows, r["sweep"]["topk"]["per_width"], strict=True):
+        assert row["chance"] == pytest.approx(sub["k"] / d)
+        assert row["n_causal"] == per_width["n_causal"]
+        assert all(0.0 <= s <= 1.0 + 1e-6 for s in row["points"]["share"])
+    assert (out / "figures" / "subspace.png").stat().st_size > 1000
+    assert "## The causal subspace" in (out / "report.md").read_text()

@@ -18,3 +18,12 @@ def versions(*names: str) -> dict[str, str]:
         else:
             out[name] = importlib.import_module(name).__version__
     return out
+
+
+def load_subspace(path):
+    """One reading's causal subspace saved by a run (OUT/subspace/L{layer}-{reading}
+    .safetensors): eigenvectors [d, d] (columns, descending), eigenvalues (plug-in and
+    corrected), and how many directions hold 50/90/99% of the trace."""
+    from .measure.subspace import load_subspace as load
+
+    return load(path)

@@ -30,6 +30,7 @@ from .fileio import atomic_write_json, write_sealed_json
 from .harvest import HarvestResult, Plan, Store, harvest, plan
 from .measure.layer import Measurement, measure_layer
 from .measure.score import require_gradients
+from .measure.subspace import causal_subspace
 from .measure.sweep import SweepEntry, load_entries, splice_evaluation, sweep_saes
 from .memory import check_sae_training
 from .model.load import LoadedModel, load_model
@@ -223,6 +224,9 @@ def run(
         executor,
     )
     headline = here.entries[0].architecture if sweep_cfg.sae_paths else sweep_cfg.architectures[0]
+    subspace = causal_subspace(
+        out, plans.main.layer, here.sigma, here.saes, here.scores, here.analysis
+    )
     found = controls_stage(
         plans, harvested, here, analysis_cfg, executor, headline, progress, seconds
     )
@@ -236,6 +240,7 @@ def run(
         out=out,
         here=here,
         controls=found,
+        subspace=subspace,
         headline=headline,
         started=started,
         seconds=seconds,

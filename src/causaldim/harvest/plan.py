@@ -134,7 +134,10 @@ def _resolve_hardware(
 
 
 # What a run writes under --out; "depth", "scale" and "controls" hold the controls' own.
-RUN_ENTRIES = {"results.json", "stores", "saes", "scores", "figures", "report.md", "report.html"}
+RUN_ENTRIES = {
+    *("results.json", "stores", "saes", "scores", "subspace", "figures"),
+    *("report.md", "report.html"),
+}
 CONTROL_ENTRIES = {"depth", "scale", "controls"}
 
 

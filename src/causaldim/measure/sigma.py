@@ -110,9 +110,12 @@ class SigmaEstimate(NamedTuple):
     eigenvalues_corrected: list[float] | None  # the deconvolved spectrum, unit trace
     participation_ratio_unbiased: float | None  # from U-statistics over block pairs
     participation_ratio_unbiased_95: list[float] | None
+    # columns, in the order of `eigenvalues`: the basis of the causal subspace (saved by
+    # subspace.py, not in results.json)
+    eigenvectors: torch.Tensor | None = None
 
     def to_dict(self) -> dict:
-        return self._asdict()
+        return {k: v for k, v in self._asdict().items() if k != "eigenvectors"}
 
 
 def accumulate(
@@ -144,7 +147,8 @@ def estimate(
     """Eigenvalues, erank, PR and their uncertainty for one reading's block sums."""
     d = sums.xx.shape[-1]
     n_samples = int(sums.n.sum())
-    eig = torch.linalg.eigvalsh(sums.matrix()).flip(0).cpu()
+    values, vectors = torch.linalg.eigh(sums.matrix())
+    eig, vectors = values.flip(0).cpu(), vectors.flip(1).cpu().float()
     point = spectrum(eig)
     blocks = len(sums.n)
 
@@ -228,6 +232,7 @@ def estimate(
         warning,
         effective,
         **debiased,
+        eigenvectors=vectors,
     )
 
 

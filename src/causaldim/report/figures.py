@@ -198,3 +198,38 @@ def plot_atp(results: dict, arch: str, path: Path) -> Path:
     ax.legend(fontsize=7)
     fig.tight_layout()
     return save(fig, path)
+
+
+def plot_subspace(results: dict, path: Path) -> Path:
+    """Per SAE width of the headline architecture: each firing feature's AtP against the
+    share of its decoder direction inside the causal subspace."""
+    plt = pyplot()
+    sub = results["subspace"]
+    arch = results["headline"]
+    rows = sub["saes"][arch]
+    eps = results["sweep"][arch]["epsilon"]
+    fig, ax = plt.subplots(figsize=(8, 4.6))
+    for i, r in enumerate(rows):
+        pts = [(a, sh) for a, sh in zip(r["points"]["atp"], r["points"]["share"], strict=True)]
+        pts = [(a, sh) for a, sh in pts if a > 0]
+        if pts:
+            ax.plot(
+                *zip(*pts, strict=True),
+                ".",
+                ms=2,
+                alpha=0.5,
+                color=plt.cm.viridis(i / max(len(rows) - 1, 1)),
+                label=f"m = {r['width']:,}",
+            )
+    ax.axhline(sub["k"] / sub["d"], color="grey", lw=1, ls=":", label="chance (k / d)")
+    ax.axvline(eps, color="C3", lw=1, ls="--", label="epsilon")
+    ax.set_xscale("log")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("AtP")
+    ax.set_ylabel(f"share of the decoder direction in S (k = {sub['k']})")
+    ax.set_title(
+        f"Do high-AtP features lie in the causal subspace? ({arch}, Sigma_{sub['reading']})"
+    )
+    ax.legend(fontsize=7, markerscale=4)
+    fig.tight_layout()
+    return save(fig, path)

@@ -71,6 +71,7 @@ def build_report(results: dict, figures: dict[str, Path]) -> Doc:
     beside_paper(doc, results)
     sweeps(doc, results, figures)
     direct_sigma(doc, results, figures)
+    subspace_section(doc, results, figures)
     report_controls(doc, results, figures)
     provenance(doc, results)
     return doc
@@ -315,6 +316,41 @@ def direct_sigma(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
     )
     if "sigma" in figures:
         doc.img(figures["sigma"], "sigma")
+
+
+def subspace_section(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
+    sub = results.get("subspace") or {}
+    if not sub.get("reading"):
+        return
+    doc.h(2, "The causal subspace")
+    doc.p(
+        f"The top {sub['k']} eigenvectors of Sigma_{sub['reading']} hold "
+        f"{pct(sub['share_of_trace'])} of its (corrected) trace: the subspace S, {sub['k']} of "
+        f"d = {sub['d']} dimensions, saved with every reading's full basis under "
+        f"{', '.join(sub['files'].values())} (causaldim.load_subspace reads them). For each "
+        "SAE: the mean share of a decoder direction's squared norm inside S, for the "
+        "features AtP calls causal and for the other firing ones, against a random "
+        "direction's k / d; and the rank correlation of the share with AtP."
+    )
+    rows = [
+        [
+            arch,
+            f"{r['width']:,}",
+            pct(r["chance"]),
+            pct(r["mean_share_causal"]) if r["mean_share_causal"] is not None else "n/a",
+            r["n_causal"],
+            pct(r["mean_share_other"]) if r["mean_share_other"] is not None else "n/a",
+            num(r["spearman_share_atp"], 2),
+        ]
+        for arch, by_width in sub["saes"].items()
+        for r in by_width
+    ]
+    doc.table(
+        ["SAE", "width", "chance (k/d)", "share, causal", "causal", "share, other", "Spearman"],
+        rows,
+    )
+    if "subspace" in figures:
+        doc.img(figures["subspace"], "subspace")
 
 
 def provenance(doc: Doc, results: dict) -> None:
