@@ -214,3 +214,28 @@ def tiny_lm_store(tmp_path_factory, tiny_harvest):
         return load_model(resolve_model(cfg.model)), store
 
     return make
+
+
+def snapshot(root):
+    """Every file under root with its modification time: what a refused command must
+    leave as it found it."""
+    return sorted(
+        (os.path.relpath(os.path.join(d, f), root), os.path.getmtime(os.path.join(d, f)))
+        for d, _, files in os.walk(root)
+        for f in files
+    )
+
+
+@pytest.fixture
+def no_model_work(monkeypatch):
+    """Loading weights during a bad-input test is a failure in itself: every module that
+    loads a model is patched (imported first, so that none binds the patch for good)."""
+    from causaldim import pipeline
+    from causaldim.harvest import write as harvest_mod
+    from causaldim.model import load as models
+
+    def forbidden(*a, **k):
+        raise AssertionError("weights were loaded before the input was checked")
+
+    for module in (harvest_mod, models, pipeline):
+        monkeypatch.setattr(module, "load_model", forbidden)

@@ -3,32 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
+from conftest import snapshot
 
 from causaldim import cli
-from causaldim.harvest import write as harvest_mod
-from causaldim.model import load as models
-
-
-def snapshot(root):
-    return sorted(
-        (os.path.relpath(os.path.join(d, f), root), os.path.getmtime(os.path.join(d, f)))
-        for d, _, files in os.walk(root)
-        for f in files
-    )
-
-
-@pytest.fixture
-def no_model_work(monkeypatch):
-    """Loading weights during a bad-input test is a failure in itself."""
-
-    def forbidden(*a, **k):
-        raise AssertionError("weights were loaded before the input was checked")
-
-    monkeypatch.setattr(harvest_mod, "load_model", forbidden)
-    monkeypatch.setattr(models, "load_model", forbidden)
 
 
 def cases(tmp_path, tiny_model, text_corpus):

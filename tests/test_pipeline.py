@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from test_cli import snapshot
+from conftest import snapshot
 
 import causaldim
 from causaldim import cli

@@ -9,39 +9,19 @@ import os
 
 import numpy as np
 import pytest
+from conftest import snapshot
 
 from causaldim import cli, memory
 from causaldim.config import PRESETS, HarvestConfig
 from causaldim.executors import RayExecutor
 from causaldim.harvest import plan
-from causaldim.harvest import write as harvest_mod
 from causaldim.measure import sweep as sweep_mod
-from causaldim.model import load as models
 
 D = 32  # the tiny Llama's residual width
 
 
-def snapshot(root):
-    return sorted(
-        (os.path.relpath(os.path.join(d, f), root), os.path.getmtime(os.path.join(d, f)))
-        for d, _, files in os.walk(root)
-        for f in files
-    )
-
-
 def folders(root):
     return sorted(os.path.relpath(d, root) for d, _, _ in os.walk(root))
-
-
-@pytest.fixture
-def no_model_work(monkeypatch):
-    """Loading weights during a bad-input test is a failure in itself."""
-
-    def forbidden(*a, **k):
-        raise AssertionError("weights were loaded before the input was checked")
-
-    monkeypatch.setattr(harvest_mod, "load_model", forbidden)
-    monkeypatch.setattr(models, "load_model", forbidden)
 
 
 @pytest.fixture
