@@ -61,7 +61,7 @@ def check(
     selected = analysis_cfg.selected_controls()
     chosen = [controls.get(name) for name in selected]
     if sweep_cfg.sae_paths and any(c.trains_own_saes for c in chosen):
-        own = [controls.get(n).name for n in controls.NAMES if controls.get(n).trains_own_saes]
+        own = [name for name in controls.NAMES if controls.get(name).trains_own_saes]
         raise UsageError(
             f"--sae-paths holds one layer's SAEs, and the {', '.join(own[:-1])} and {own[-1]} "
             "controls train their own; drop those controls or --sae-paths"

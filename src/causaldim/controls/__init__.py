@@ -49,12 +49,12 @@ class Control:
     plot: Callable[[dict, Path], Path] | None = None
     per_architecture: bool = True  # runs on the headline architecture, and says so
     trains_own_saes: bool = False  # measures SAEs of its own: not with --sae-paths
-    # What the control asks of the run before it starts (None: nothing):
-    widen_sweep: Callable[[SweepConfig], SweepConfig] | None = None  # SAEs it needs trained
-    extra_layers: Callable[[AnalysisConfig, int, int], list[int]] | None = None  # (cfg,
-    # n_layers, layer) -> layers harvested in the same pass
+    # What the control asks of the run before it starts (None: nothing): the SAEs it
+    # needs trained; layers harvested in the same pass, from (cfg, n_layers, layer); and
+    # another model's harvest, planned beside the run's.
+    widen_sweep: Callable[[SweepConfig], SweepConfig] | None = None
+    extra_layers: Callable[[AnalysisConfig, int, int], list[int]] | None = None
     side_plan: Callable[[HarvestConfig, AnalysisConfig, Plan], Plan | None] | None = None
-    # another model's harvest, planned with the run's
 
 
 def get(name: str) -> Control:
