@@ -87,6 +87,15 @@ def plot_sigma(results: dict, path: Path) -> Path:
             color=line.get_color(),
             label=f"{reading}, plug-in",
         )
+        half = est.get("erank_corrected_half")
+        if half is not None and len(conv) > 1:  # the corrected erank's own convergence
+            ax_conv.semilogx(
+                [conv[-2]["n_samples"], conv[-1]["n_samples"]],
+                [half, corrected],
+                "s:",
+                color=line.get_color(),
+                alpha=0.6,
+            )
         if corrected is not None and est.get("erank_corrected_95"):
             lo, hi = est["erank_corrected_95"]
             n = conv[-1]["n_samples"]
@@ -109,7 +118,7 @@ def plot_sigma(results: dict, path: Path) -> Path:
     ax_conv.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide on a log axis
     ax_conv.set_xlabel("rank-1 samples")
     ax_conv.set_ylabel("erank")
-    ax_conv.set_title("plug-in erank by sample count; corrected at the end")
+    ax_conv.set_title("erank by sample count: plug-in (dots), corrected (squares)")
     ax_conv.legend(fontsize=7)
     fig.tight_layout()
     return save(fig, path)
