@@ -169,13 +169,14 @@ def estimate(
         ):
             boot.update(_intervals(name, value, [getattr(s, name) for s in stats]))
 
-    halves = {}
+    halves, half_eigenvalues = {}, {}
     for name, w in (
         ("first", torch.arange(blocks, device="cpu") < blocks // 2),
         ("second", torch.arange(blocks, device="cpu") >= blocks // 2),
     ):
         if w.any() and float(w.double() @ sums.n) > 0:
-            s = spectrum(torch.linalg.eigvalsh(sums.matrix(w)))
+            half_eigenvalues[name] = torch.linalg.eigvalsh(sums.matrix(w))
+            s = spectrum(half_eigenvalues[name])
             halves[name] = {"erank": s.erank, "participation_ratio": s.participation_ratio}
 
     curve = []
@@ -192,7 +193,11 @@ def estimate(
 
     sq, _ = sums.samples()
     effective = n_eff(float(sq.sum()), float(sq.pow(2).sum()))
-    debiased = _debiased(sums, eig, resampled, seed) if sums.x is None else dict.fromkeys(DEBIASED)
+    debiased = (
+        _debiased(sums, eig, half_eigenvalues.get("first"), resampled, seed)
+        if sums.x is None
+        else dict.fromkeys(DEBIASED)
+    )
     warnings = []
     if effective / d < cfg.min_samples_per_dim:
         warnings.append(
@@ -246,7 +251,9 @@ DEBIASED = (
 )
 
 
-def _debiased(sums: BlockSums, eig: torch.Tensor, resampled: list, seed: int) -> dict:
+def _debiased(
+    sums: BlockSums, eig: torch.Tensor, half_eig: torch.Tensor | None, resampled: list, seed: int
+) -> dict:
     """The corrected erank and the unbiased PR of an uncentred reading, each with its
     interval over the bootstrap's resampled blocks (the first debias.RESAMPLES of them
     for the erank, whose resamples each cost a few deconvolution steps)."""
@@ -258,17 +265,16 @@ def _debiased(sums: BlockSums, eig: torch.Tensor, resampled: list, seed: int) ->
     traces = sums.xx.diagonal(dim1=1, dim2=2).sum(-1).cpu()
 
     def corrected(weights, observed, draws, start=None, iterations=debias.ITERATIONS):
-        qs = [
-            debias.simulated_sum(sq, block, weights, d, gen, sums.xx.device) for _ in range(draws)
-        ]
-        return debias.deconvolve(observed, qs, start, iterations)
+        """On the sums' device: the eigendecompositions are most of the work."""
+        device = sums.xx.device
+        qs = [debias.simulated_sum(sq, block, weights, d, gen, device) for _ in range(draws)]
+        return debias.deconvolve(observed.to(device), qs, start, iterations)
 
     ones = torch.ones(blocks, dtype=torch.float64, device="cpu")
     lam = corrected(ones, eig, debias.DRAWS)
     first_half = (torch.arange(blocks, device="cpu") < blocks // 2).double()
-    half = None
-    if blocks > 1:
-        half_eig = torch.linalg.eigvalsh(sums.matrix(first_half)).flip(0)
+    half = None  # the same from the first half of the blocks (half_eig: their plug-in)
+    if half_eig is not None:
         half = debias.erank_of(corrected(first_half, half_eig, debias.DRAWS, lam))
     point = debias.erank_of(lam)
     pr = debias.unbiased_pr(gram, traces, sums.n, ones)
