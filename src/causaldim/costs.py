@@ -16,10 +16,12 @@ import torch
 from .config import AnalysisConfig, SweepConfig
 from .devices import describe
 from .harvest import Plan
+from .measure import debias
 from .memory import dense_batch_tokens, sae_training_bytes
 from .model.load import decoder_layers, skeleton
 
 EFFICIENCY = 0.6
+CORRECTION_STEPS = 10  # the deconvolution settles in about this many steps (measured)
 STORE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 EXTRA_BYTES_PER_TOKEN = 4 + 4 + 4 + 1  # token, pos, seq, outlier
 
@@ -77,6 +79,16 @@ def disk_bytes(the_plan: Plan, sweep: SweepConfig | None) -> dict[str, int]:
     return {"store": store, "saes": sae, "total": store + sae}
 
 
+def correction_flops(n_eval: int, d: int, readings: int) -> float:
+    """The finite-sample correction (measure/debias.py) of each direct reading: its
+    eigendecompositions (the point and half-blocks estimates, about CORRECTION_STEPS
+    deconvolution steps of DRAWS each; the resamples' few steps of one draw each) and
+    its simulated sums of n_eval weighted Gaussian samples."""
+    eigs = 2 * debias.DRAWS * CORRECTION_STEPS + debias.RESAMPLES * debias.RESAMPLE_ITERATIONS
+    sims = 2 * debias.DRAWS + debias.RESAMPLES
+    return readings * (eigs * 10 * d**3 + sims * 2 * n_eval * d * d)
+
+
 def estimate(
     the_plan: Plan,
     sweep: SweepConfig,
@@ -96,7 +108,8 @@ def estimate(
         # full forward, then one backward from the loss and one per probe, down to L only
         "harvest_eval": 2 * (up + above) * n_eval + (1 + probes) * 2 * above * n_eval,
         "sigma": 4 * 2 * n_eval * d * d * (1 + probes / 2)
-        + 4 * (analysis.bootstrap + 7) * 10 * d**3,
+        + 4 * (analysis.bootstrap + 7) * 10 * d**3
+        + correction_flops(n_eval, d, 1 + min(cfg.logit_probes, 1) + min(cfg.fisher_probes, 1)),
         # encoder forward and backward, decoder forward and backward: about 12 d m a token
         "sweep": 12 * d * width_sum * n_train * sweep.epochs,
         "ce_loss_recovered": 2 * (up + above) * sweep.ce_sequences * seq * (2 + n_saes),
