@@ -4,6 +4,7 @@ presets and the dry run, and the refusals specific to the sweep and its analysis
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -328,3 +329,29 @@ def test_a_run_saves_each_readings_subspace_and_relates_every_sae(finished_run):
         assert all(0.0 <= s <= 1.0 + 1e-6 for s in row["points"]["share"])
     assert (out / "figures" / "subspace.png").stat().st_size > 1000
     assert "## The causal subspace" in (out / "report.md").read_text()
+
+
+def test_profile_measures_every_layer_beside_the_run(finished_run, tmp_path):
+    """--profile on a finished run: the store is reused (the eval pass runs alone, tapping
+    every block), every layer gets each reading, and at the run's layer the plug-in erank
+    and n_eff equal the run's own (they do not depend on blocks or resamples)."""
+    out, args = finished_run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    args = [*args[: args.index("--out")], "--out", str(copy), "--profile"]
+    assert cli.main(args) == 0
+    r = json.loads((copy / "results.json").read_text())
+    assert r["store"]["reused"]
+    prof = r["profile"]
+    assert sorted(prof["layers"], key=int) == ["0", "1", "2", "3"] and prof["run_layer"] == 2
+    here = prof["layers"]["2"]
+    for reading, est in r["sigma"].items():
+        assert here[reading]["erank"] == pytest.approx(est["erank"], rel=1e-5)
+        assert here[reading]["n_eff"] == pytest.approx(est["n_eff"], rel=1e-5)
+    for row in prof["layers"].values():
+        for reading in ("loss", "logits", "fisher"):
+            lo, hi = row[reading]["erank_corrected_95"]
+            assert lo <= row[reading]["erank_corrected"] <= hi
+    md = (copy / "report.md").read_text()
+    assert "## Every layer" in md and "2 (run)" in md
+    assert (copy / "figures" / "profile.png").stat().st_size > 10_000

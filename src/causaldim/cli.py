@@ -224,6 +224,11 @@ def _print_plan(the_plan, sweep_cfg, analysis_cfg) -> None:
         f"{mem['widest_sae_training_bytes'] / gib:,.2f} GiB; scoring it "
         f"{mem['widest_sae_score_tokens']:,} tokens at a time"
     )
+    if analysis_cfg.profile:
+        print(
+            f"profile: every one of the {s.n_layers} layers from the eval pass (its backward "
+            f"on down to block 0), {mem['profile_sums_bytes'] / gib:,.2f} GiB of sums"
+        )
     disk = est["disk_bytes"]
     print(
         f"disk: store {disk['store'] / 1e6:,.0f} MB, SAEs {disk['saes'] / 1e6:,.0f} MB, "

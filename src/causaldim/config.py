@@ -157,6 +157,17 @@ class AnalysisConfig:
         0.05, "Warn when erank still moves by more than this fraction over the last doubling."
     )
     read_tokens: int = _opt(4096, "Tokens read from the store at a time (bounds memory).")
+    profile: bool = _opt(
+        False,
+        "Also measure Sigma at every layer in the eval pass (its backward runs on down to "
+        "block 0): corrected erank and unbiased PR of each reading against depth.",
+    )
+    profile_blocks: int = _opt(
+        16,
+        "Sequence blocks of the profile's bootstraps (each layer and reading keeps a d x d "
+        "sum per block: memory grows with it).",
+    )
+    profile_bootstrap: int = _opt(50, "Bootstrap resamples of each layer of the profile.")
     controls: list[str] = field(
         default_factory=list,
         metadata={
@@ -199,8 +210,11 @@ class AnalysisConfig:
             raise UsageError(f"--depth-layers must be >= 0, got {self.depth_layers}")
         if self.blocks < 2:
             raise UsageError(f"--blocks must be at least 2, got {self.blocks}")
-        if self.bootstrap < 0:
-            raise UsageError(f"--bootstrap must be >= 0, got {self.bootstrap}")
+        for name in ("bootstrap", "profile_bootstrap"):
+            if getattr(self, name) < 0:
+                raise UsageError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
+        if self.profile_blocks < 2:
+            raise UsageError(f"--profile-blocks must be at least 2, got {self.profile_blocks}")
         if self.read_tokens <= 0:
             raise UsageError(f"--read-tokens must be positive, got {self.read_tokens}")
         if not 0.0 < self.percentile < 100.0:

@@ -16,7 +16,7 @@ import torch
 from .config import AnalysisConfig, SweepConfig
 from .devices import describe
 from .harvest import Plan
-from .measure import debias
+from .measure import debias, profile
 from .memory import dense_batch_tokens, sae_training_bytes
 from .model.load import decoder_layers, skeleton
 
@@ -79,13 +79,13 @@ def disk_bytes(the_plan: Plan, sweep: SweepConfig | None) -> dict[str, int]:
     return {"store": store, "saes": sae, "total": store + sae}
 
 
-def correction_flops(n_eval: int, d: int, readings: int) -> float:
+def correction_flops(n_eval: int, d: int, readings: int, b: debias.Budget = debias.FULL) -> float:
     """The finite-sample correction (measure/debias.py) of each direct reading: its
     eigendecompositions (the point and half-blocks estimates, about CORRECTION_STEPS
-    deconvolution steps of DRAWS each; the resamples' few steps of one draw each) and
+    deconvolution steps of b.draws each; the resamples' few steps of one draw each) and
     its simulated sums of n_eval weighted Gaussian samples."""
-    eigs = 2 * debias.DRAWS * CORRECTION_STEPS + debias.RESAMPLES * debias.RESAMPLE_ITERATIONS
-    sims = 2 * debias.DRAWS + debias.RESAMPLES
+    eigs = 2 * b.draws * CORRECTION_STEPS + b.resamples * b.resample_iterations
+    sims = 2 * b.draws + b.resamples
     return readings * (eigs * 10 * d**3 + sims * 2 * n_eval * d * d)
 
 
@@ -103,18 +103,29 @@ def estimate(
     probes = cfg.logit_probes + cfg.fisher_probes
     n_saes = len(sweep.widths) * len(sweep.architectures)
     width_sum = sum(sweep.widths) * len(sweep.architectures)
+    direct = 1 + min(cfg.logit_probes, 1) + min(cfg.fisher_probes, 1)
+    # the eval pass: a full forward, then one backward from the loss and one per probe,
+    # down to L only (or on to block 0 for the profile)
+    backward = (up + above) if analysis.profile else above
+    sums = 4 * 2 * n_eval * d * d * (1 + probes / 2)  # every reading's sum of u u^T
     flops = {
         "harvest_train": 2 * up * n_train,
-        # full forward, then one backward from the loss and one per probe, down to L only
-        "harvest_eval": 2 * (up + above) * n_eval + (1 + probes) * 2 * above * n_eval,
-        "sigma": 4 * 2 * n_eval * d * d * (1 + probes / 2)
+        "harvest_eval": 2 * (up + above) * n_eval + (1 + probes) * 2 * backward * n_eval,
+        "sigma": sums
         + 4 * (analysis.bootstrap + 7) * 10 * d**3
-        + correction_flops(n_eval, d, 1 + min(cfg.logit_probes, 1) + min(cfg.fisher_probes, 1)),
+        + correction_flops(n_eval, d, direct),
         # encoder forward and backward, decoder forward and backward: about 12 d m a token
         "sweep": 12 * d * width_sum * n_train * sweep.epochs,
         "ce_loss_recovered": 2 * (up + above) * sweep.ce_sequences * seq * (2 + n_saes),
         "scores": 4 * d * width_sum * n_eval,
     }
+    if analysis.profile:
+        n_layers = the_plan.source.n_layers
+        flops["profile"] = n_layers * (
+            sums
+            + (1 + direct) * (analysis.profile_bootstrap + 7) * 10 * d**3
+            + correction_flops(n_eval, d, direct, debias.LIGHT)
+        )
     speed = (flops_per_second or matmul_flops_per_second(cfg.dtype, cfg.device)) * EFFICIENCY
     seconds = {k: v / speed for k, v in flops.items()}
     if not the_plan.source.converted and the_plan.source.gguf_origin:
@@ -146,4 +157,12 @@ def memory_plan(the_plan: Plan, sweep: SweepConfig, analysis: AnalysisConfig) ->
             d, widest, sweep.batch_tokens, sweep.sae_dtype
         ),
         "widest_sae_score_tokens": dense_batch_tokens(d, widest, analysis.read_tokens, device),
+        "profile_sums_bytes": profile.sums_bytes(
+            the_plan.source.n_layers,
+            d,
+            min(analysis.profile_blocks, len(the_plan.splits.eval)),
+            len(profile.profile_readings(cfg.logit_probes, cfg.fisher_probes)),
+        )
+        if analysis.profile
+        else 0,
     }

@@ -51,6 +51,7 @@ def model_pass_memory(
     logit_probes: int,
     fisher_probes: int,
     device: torch.device,
+    tapped: int = 1,
 ) -> ModelPassMemory:
     c = _text_config(config)
     d, n_layers, vocab = c.hidden_size, c.num_hidden_layers, c.vocab_size
@@ -70,7 +71,7 @@ def model_pass_memory(
     logits += logit_probes * vocab_row * (4 + e)
     if fisher_probes:
         logits += vocab_row * 2 * 4 + fisher_probes * vocab_row * (4 + e)
-    captured = seq_len * d * 4 * (2 + logit_probes + fisher_probes)
+    captured = tapped * seq_len * d * 4 * (2 + logit_probes + fisher_probes)  # per block
     budget = int(HEADROOM * memory(device)[1])
     return ModelPassMemory(n_params * e, graph + logits + captured, budget)
 

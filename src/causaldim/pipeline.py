@@ -23,16 +23,17 @@ from tqdm.auto import tqdm
 from . import controls, faults
 from .config import AnalysisConfig, HarvestConfig, SweepConfig
 from .costs import disk_bytes
-from .devices import resolve_dtype
+from .devices import memory, resolve_dtype
 from .errors import UsageError
 from .executors import Executor, executor_for
 from .fileio import atomic_write_json, write_sealed_json
 from .harvest import HarvestResult, Plan, Store, harvest, plan
+from .measure import profile
 from .measure.layer import Measurement, measure_layer
 from .measure.score import require_gradients
 from .measure.subspace import causal_subspace
 from .measure.sweep import SweepEntry, load_entries, splice_evaluation, sweep_saes
-from .memory import check_sae_training
+from .memory import HEADROOM, check_sae_training
 from .model.load import LoadedModel, load_model
 from .report.render import render
 from .report.results import build_results
@@ -70,7 +71,7 @@ def check(
         if c.widen_sweep is not None:
             sweep_cfg = c.widen_sweep(sweep_cfg)
     executor_for(sweep_cfg.executor, sweep_cfg.ray_address)  # Ray installed, if asked for
-    main = plan(cfg)
+    main = plan(cfg, profile=analysis_cfg.profile)
     device = torch.device(main.config.device)
     sweep_cfg = replace(sweep_cfg, sae_dtype=resolve_dtype(sweep_cfg.sae_dtype, device))
     if sweep_cfg.executor == "local" and not sweep_cfg.sae_paths:
@@ -95,7 +96,15 @@ def check(
         for layer in c.extra_layers(analysis_cfg, main.source.n_layers, main.layer)
     ]
     if extra:
-        main = plan(cfg, extra_layers=tuple(extra))
+        main = plan(cfg, extra_layers=tuple(extra), profile=analysis_cfg.profile)
+    if analysis_cfg.profile:
+        c, need = main.config, main.pass_memory
+        free = int(HEADROOM * memory(device)[1]) - need.weights - c.batch_size * need.per_sequence
+        readings = len(profile.profile_readings(c.logit_probes, c.fisher_probes))
+        blocks = min(analysis_cfg.profile_blocks, len(main.splits.eval))
+        profile.check_memory(
+            main.source.n_layers, main.source.d_model, blocks, readings, free, str(device)
+        )
     _check_disk(main, sweep_cfg)
     side = {c.name: c.side_plan(cfg, analysis_cfg, main) for c in chosen if c.side_plan}
     return Plans(main, side, sweep_cfg, selected)
@@ -133,9 +142,11 @@ class Harvested:
         return self._lm
 
 
-def harvest_stage(the_plan: Plan, progress: bool, seconds: dict) -> Harvested:
+def harvest_stage(
+    the_plan: Plan, progress: bool, seconds: dict, observer: profile.Accumulator | None = None
+) -> Harvested:
     t = time.perf_counter()
-    result = harvest(the_plan.config, progress=progress, the_plan=the_plan)
+    result = harvest(the_plan.config, progress=progress, the_plan=the_plan, observer=observer)
     require_gradients(result.store)
     seconds["harvest"] = time.perf_counter() - t
     return Harvested(result, the_plan)
@@ -185,6 +196,21 @@ def harvest_only(cfg: HarvestConfig, progress: bool = True) -> HarvestResult:
     return harvest_stage(the_plan, progress, {}).result
 
 
+def _profile_accumulator(the_plan: Plan, cfg: AnalysisConfig) -> profile.Accumulator:
+    """The profile's sums of every block output, filled by the eval pass."""
+    c = the_plan.config
+    return profile.Accumulator(
+        range(the_plan.source.n_layers),
+        the_plan.source.d_model,
+        len(the_plan.splits.eval),
+        c.seq_len,
+        cfg.profile_blocks,
+        profile.profile_readings(c.logit_probes, c.fisher_probes),
+        cfg.include_outliers,
+        c.device,
+    )
+
+
 class RunResult(NamedTuple):
     results: dict
     path: Path  # results.json
@@ -209,7 +235,8 @@ def run(
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.perf_counter()
     seconds = {}
 
-    harvested = harvest_stage(plans.main, progress, seconds)
+    acc = _profile_accumulator(plans.main, analysis_cfg) if analysis_cfg.profile else None
+    harvested = harvest_stage(plans.main, progress, seconds, acc)
     store = harvested.result.store
     here = measure_layer(
         store,
@@ -227,6 +254,13 @@ def run(
     subspace = causal_subspace(
         out, plans.main.layer, here.sigma, here.saes, here.scores, here.analysis
     )
+    profiled = None
+    if acc is not None:
+        t = time.perf_counter()
+        probes = {"logits": cfg.logit_probes, "fisher": cfg.fisher_probes}
+        found = profile.estimates(acc, analysis_cfg, cfg.seed, probes)
+        profiled = profile.profile_results(found, acc, analysis_cfg, plans.main.layer)
+        seconds["profile"] = time.perf_counter() - t
     found = controls_stage(
         plans, harvested, here, analysis_cfg, executor, headline, progress, seconds
     )
@@ -241,6 +275,7 @@ def run(
         here=here,
         controls=found,
         subspace=subspace,
+        profile=profiled,
         headline=headline,
         started=started,
         seconds=seconds,

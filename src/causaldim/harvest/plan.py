@@ -45,9 +45,10 @@ class Plan(NamedTuple):
     pass_memory: ModelPassMemory  # the estimate the batch size came from
 
 
-def plan(cfg: HarvestConfig, extra_layers: tuple[int, ...] = ()) -> Plan:
+def plan(cfg: HarvestConfig, extra_layers: tuple[int, ...] = (), profile: bool = False) -> Plan:
     """Validate the request cheaply (config files and the corpus only); UsageError if bad.
-    extra_layers are harvested in the same pass as cfg.layer, each into its own store."""
+    extra_layers are harvested in the same pass as cfg.layer, each into its own store;
+    with profile, the eval pass taps every block (its batch sized for that)."""
     cfg.check()
     device = resolve_device(cfg.device)
     source = resolve_model(cfg.model, cfg.trust_remote_code)
@@ -77,7 +78,8 @@ def plan(cfg: HarvestConfig, extra_layers: tuple[int, ...] = ()) -> Plan:
         cfg.seed,
     )
     n_params = sum(p.numel() for p in model.parameters())
-    cfg, pass_memory = _resolve_hardware(cfg, device, source, n_params, min((layer, *extra_layers)))
+    tapped = range(source.n_layers) if profile else {layer, *extra_layers}
+    cfg, pass_memory = _resolve_hardware(cfg, device, source, n_params, min(tapped), len(tapped))
     common = {
         "model": identity,
         "layers_path": layers_path,
@@ -114,7 +116,12 @@ def plan(cfg: HarvestConfig, extra_layers: tuple[int, ...] = ()) -> Plan:
 
 
 def _resolve_hardware(
-    cfg: HarvestConfig, device: torch.device, source: ModelSource, n_params: int, lowest_layer: int
+    cfg: HarvestConfig,
+    device: torch.device,
+    source: ModelSource,
+    n_params: int,
+    lowest_layer: int,
+    tapped: int,
 ) -> tuple[HarvestConfig, ModelPassMemory]:
     """cfg on device with a concrete dtype and batch size (the largest that fits, when
     not given), and the memory estimate behind it."""
@@ -128,6 +135,7 @@ def _resolve_hardware(
         cfg.logit_probes,
         cfg.fisher_probes,
         device,
+        tapped,
     )
     batch = cfg.batch_size or model_batch_size(need, device, max(1, cfg.tokens // cfg.seq_len))
     return replace(cfg, device=str(device), dtype=dtype, batch_size=batch), need

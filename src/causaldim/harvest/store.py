@@ -90,6 +90,17 @@ class ShardWriter:
         return (x * scale).to(torch.float16), scale
 
 
+def n_blocks(n_sequences: int, wanted: int) -> int:
+    """How many sequence blocks a split is cut into for bootstraps: at most one each."""
+    return max(1, min(wanted, n_sequences))
+
+
+def block_of(seq: torch.Tensor, blocks: int, n_sequences: int) -> torch.Tensor:
+    """The block of each token, from its sequence index. Sequences were shuffled before
+    the split, so contiguous blocks are random ones."""
+    return (seq.long() * blocks) // n_sequences
+
+
 class Store:
     """Read access to a finished store."""
 
@@ -111,13 +122,10 @@ class Store:
         return info["n_tokens"] - (info["n_outliers"] if drop_outliers else 0)
 
     def blocks(self, split: str, wanted: int) -> int:
-        """How many sequence blocks a split is cut into for bootstraps: at most one each."""
-        return max(1, min(wanted, self.manifest["splits"][split]["n_sequences"]))
+        return n_blocks(self.manifest["splits"][split]["n_sequences"], wanted)
 
     def block_of(self, split: str, seq: torch.Tensor, blocks: int) -> torch.Tensor:
-        """The block of each token, from its sequence index. Sequences were shuffled before
-        the split, so contiguous blocks are random ones."""
-        return (seq.long() * blocks) // self.manifest["splits"][split]["n_sequences"]
+        return block_of(seq, blocks, self.manifest["splits"][split]["n_sequences"])
 
     def token_ids(self, split: str, n: int) -> torch.Tensor:
         """The first n sequences' token ids, [n, seq_len], from the store itself."""

@@ -8,7 +8,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 from tqdm.auto import tqdm
@@ -29,6 +29,17 @@ class HarvestResult(NamedTuple):
     reused: bool
     lm: LoadedModel | None = None  # the loaded model, when the pass ran (for reuse)
     stores: dict[int, Store] | None = None  # every planned layer's, the headline's included
+
+
+class EvalObserver(Protocol):
+    """Takes the eval pass's rows at more layers than the stores hold (the profile of
+    every layer): tapping them makes the backward run on down to the lowest."""
+
+    layers: tuple[int, ...]
+
+    def add(self, layer: int, rows: dict[str, torch.Tensor]) -> None:
+        """One batch's rows at `layer` as a store would hold them (h, g, u_logits,
+        u_fisher, token, pos, seq, outlier; flat over tokens), on the pass's device."""
 
 
 class _OutlierStats:
@@ -84,14 +95,21 @@ class _LayerOutput:
         self.splits: dict[str, dict] = {}
 
 
-def harvest(cfg: HarvestConfig, progress: bool = True, the_plan: Plan | None = None):
+def harvest(
+    cfg: HarvestConfig,
+    progress: bool = True,
+    the_plan: Plan | None = None,
+    observer: EvalObserver | None = None,
+):
     """Run the model pass for cfg (or reuse finished, matching stores): one pass writes
-    the store of every planned layer that has none yet."""
+    the store of every planned layer that has none yet, and hands the observer (if any)
+    the eval split's rows at its layers; with every store finished, only the eval split
+    runs, for the observer."""
     p = the_plan or plan(cfg)
     cfg = p.config  # device, dtype and batch size resolved
     stores = {i: _existing(p.store_dirs[i], p.keys[i], cfg.repair) for i in p.store_dirs}
     missing = [i for i, s in stores.items() if s is None]
-    if not missing:
+    if not missing and observer is None:
         return HarvestResult(stores[p.layer], reused=True, stores=stores)
     for i in missing:
         if p.store_dirs[i].exists():  # an unfinished store of this same request: redo it
@@ -109,17 +127,21 @@ def harvest(cfg: HarvestConfig, progress: bool = True, the_plan: Plan | None = N
     seconds = {"load_model": time.perf_counter() - t0}
 
     # Each layer's outlier threshold comes from the median norm of a fixed calibration batch.
-    calib = residuals_at(lm, missing, p.splits.train[: max(cfg.batch_size, 16)])
-    outputs = {}
-    for i in missing:
-        median_norm = float(calib[i].float()[:, 1:].norm(dim=-1).median())
-        outputs[i] = _LayerOutput(
-            p.store_dirs[i], cfg.outlier_factor * median_norm, median_norm, p.source.d_model
-        )
+    tapped = sorted({*missing, *(observer.layers if observer else ())})
+    calib = residuals_at(lm, tapped, p.splits.train[: max(cfg.batch_size, 16)])
+    median_norm = {i: float(calib[i].float()[:, 1:].norm(dim=-1).median()) for i in tapped}
+    thresholds = {i: cfg.outlier_factor * median_norm[i] for i in tapped}
+    outputs = {
+        i: _LayerOutput(p.store_dirs[i], thresholds[i], median_norm[i], p.source.d_model)
+        for i in missing
+    }
 
     for name, seqs in (("eval", p.splits.eval), ("train", p.splits.train)):
+        if not missing and name == "train":
+            continue
         t = time.perf_counter()
-        _harvest_split(lm, p, name, seqs, outputs, progress)
+        watcher = observer if name == "eval" else None
+        _harvest_split(lm, p, name, seqs, outputs, thresholds, watcher, progress)
         seconds[name] = time.perf_counter() - t
         for out in outputs.values():
             out.splits[name]["tokens_per_second"] = out.splits[name]["n_tokens"] / seconds[name]
@@ -175,12 +197,22 @@ def _manifest(p: Plan, layer: int, out: _LayerOutput, seconds: dict, shared_with
     }
 
 
-def _harvest_split(lm, p: Plan, name, seqs, outputs: dict[int, _LayerOutput], progress) -> None:
+def _harvest_split(
+    lm,
+    p: Plan,
+    name,
+    seqs,
+    outputs: dict[int, _LayerOutput],
+    thresholds: dict[int, float],
+    observer: EvalObserver | None,
+    progress,
+) -> None:
     cfg = p.config
     writers = {
         i: ShardWriter(out.root, name, cfg.store_dtype, cfg.shard_tokens)
         for i, out in outputs.items()
     }
+    tapped = sorted({*outputs, *(observer.layers if observer else ())})
     n_outliers = dict.fromkeys(outputs, 0)
     loss_sum, n_pred = 0.0, 0
     bar = tqdm(total=seqs.numel(), desc=f"{name} pass", unit="tok", disable=not progress)
@@ -190,35 +222,35 @@ def _harvest_split(lm, p: Plan, name, seqs, outputs: dict[int, _LayerOutput], pr
         if name == "eval":
             # One generator per batch, so that probes do not depend on batching history.
             gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + start)
-            grads = grads_at(lm, outputs, ids, cfg.logit_probes, cfg.fisher_probes, gen)
+            grads = grads_at(lm, tapped, ids, cfg.logit_probes, cfg.fisher_probes, gen)
             for i, out in grads.items():
                 cols = {"g": out.g, "u_logits": out.u_logits, "u_fisher": out.u_fisher}
                 per_layer[i] = (out.h, {k: v for k, v in cols.items() if v is not None})
             first = next(iter(grads.values()))
             loss_sum, n_pred = loss_sum + first.loss_sum, n_pred + first.n_predictions
         else:
-            per_layer = {i: (h, {}) for i, h in residuals_at(lm, outputs, ids).items()}
-        per_layer = {
-            i: (h.cpu(), {k: v.cpu() for k, v in cols.items()})
-            for i, (h, cols) in per_layer.items()
-        }
+            per_layer = {i: (h, {}) for i, h in residuals_at(lm, tapped, ids).items()}
         b, t = ids.shape
         pos = torch.arange(t, dtype=torch.int32).repeat(b)
         seq = torch.arange(start, start + b, dtype=torch.int32).repeat_interleave(t)
         for i, (h, cols) in per_layer.items():
             _check_finite(f"{name} pass at layer {i}", start, h, *cols.values())
-            flat = h.flatten(0, 1)
-            outlier = (pos == 0) | (flat.float().norm(dim=-1) > outputs[i].threshold)
-            outputs[i].stats.add(flat.float(), outlier)
-            n_outliers[i] += int(outlier.sum())
-            writers[i].add(
-                h=flat,
+            rows = {
+                "h": h.flatten(0, 1),
                 **{k: v.flatten(0, 1) for k, v in cols.items()},
-                token=ids.flatten().to(torch.int32),
-                pos=pos,
-                seq=seq,
-                outlier=outlier,
-            )
+                "token": ids.flatten().to(torch.int32),
+                "pos": pos,
+                "seq": seq,
+            }
+            rows["outlier"] = (pos == 0) | (rows["h"].float().norm(dim=-1).cpu() > thresholds[i])
+            if observer is not None and i in observer.layers:
+                device = rows["h"].device
+                observer.add(i, {k: v.to(device) for k, v in rows.items()})
+            if i in outputs:
+                rows = {k: v.cpu() for k, v in rows.items()}
+                outputs[i].stats.add(rows["h"].float(), rows["outlier"])
+                n_outliers[i] += int(rows["outlier"].sum())
+                writers[i].add(**rows)
         bar.update(ids.numel())
         fault_point("harvest.batch")
     bar.close()

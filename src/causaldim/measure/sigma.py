@@ -51,20 +51,24 @@ def spectrum(eigenvalues: torch.Tensor) -> Spectrum:
 class BlockSums:
     """Per-block sums of x x^T (and of x, for a centred covariance) on device, counts
     (on the CPU), and each sample's squared norm and block (the weights of the
-    finite-sample correction, debias.py)."""
+    finite-sample correction, debias.py). The sums are kept in `dtype` (float32 halves
+    the memory of many layers' sums; a block holds a few hundred tokens) and combined in
+    float64."""
 
-    def __init__(self, d: int, blocks: int, centred: bool = False, device="cpu"):
-        self.xx = torch.zeros(blocks, d, d, dtype=torch.float64, device=device)
-        self.x = torch.zeros(blocks, d, dtype=torch.float64, device=device) if centred else None
+    def __init__(
+        self, d: int, blocks: int, centred: bool = False, device="cpu", dtype=torch.float64
+    ):
+        self.xx = torch.zeros(blocks, d, d, dtype=dtype, device=device)
+        self.x = torch.zeros(blocks, d, dtype=dtype, device=device) if centred else None
         self.n = torch.zeros(blocks, dtype=torch.float64, device="cpu")
         self._sq: list[torch.Tensor] = []
         self._block: list[torch.Tensor] = []
 
     def add(self, block: int, x: torch.Tensor) -> None:
         x = x.to(self.xx.device, torch.float32)
-        self.xx[block] += (x.T @ x).double()
+        self.xx[block] += (x.T @ x).to(self.xx.dtype)
         if self.x is not None:
-            self.x[block] += x.sum(0).double()
+            self.x[block] += x.sum(0).to(self.xx.dtype)
         self.n[block] += len(x)
         self._sq.append(x.double().pow(2).sum(1).cpu())
         self._block.append(torch.full((len(x),), block, dtype=torch.long, device="cpu"))
@@ -81,9 +85,9 @@ class BlockSums:
         w = torch.ones_like(self.n) if weights is None else weights.double()
         n = float(w @ self.n)
         w = w.to(self.xx.device)
-        sigma = torch.einsum("b,bij->ij", w, self.xx) / n
+        sigma = torch.einsum("b,bij->ij", w, self.xx.double()) / n
         if self.x is not None:
-            mu = (w @ self.x) / n
+            mu = (w @ self.x.double()) / n
             sigma = sigma - torch.outer(mu, mu)
         return sigma
 
@@ -130,21 +134,34 @@ def accumulate(
     read = tuple(dict.fromkeys([READINGS[r] for r in readings] + ["seq", "pos"]))
     batches = store.batches("eval", read, cfg.read_tokens, not cfg.include_outliers)
     for batch in batches:
-        block_of = store.block_of("eval", batch["seq"], blocks)
-        has_target = batch["pos"] < seq_len - 1  # the last position predicts nothing
-        for b in block_of.unique().tolist():
-            rows = block_of == b
-            for r in readings:
-                x = batch[READINGS[r]]
-                keep = rows & has_target if r == "loss" else rows
-                sums[r].add(b, x[keep].reshape(-1, d))
+        add_rows(sums, batch, store.block_of("eval", batch["seq"], blocks), seq_len)
     return sums
 
 
+def add_rows(
+    sums: dict[str, BlockSums], rows: dict[str, torch.Tensor], block_of: torch.Tensor, seq_len: int
+) -> None:
+    """Add rows of the eval split (its fields by name, outliers already left out; each
+    row's block in block_of) to each reading's sums, block by block in the rows' order."""
+    has_target = rows["pos"] < seq_len - 1  # the last position predicts nothing
+    for b in block_of.unique().tolist():
+        in_block = block_of == b
+        for r, s in sums.items():
+            x = rows[READINGS[r]]
+            keep = in_block & has_target if r == "loss" else in_block
+            s.add(b, x[keep].reshape(-1, x.shape[-1]))
+
+
 def estimate(
-    reading: str, sums: BlockSums, cfg: AnalysisConfig, seed: int = 0, probes_per_token: int = 1
+    reading: str,
+    sums: BlockSums,
+    cfg: AnalysisConfig,
+    seed: int = 0,
+    probes_per_token: int = 1,
+    budget: debias.Budget = debias.FULL,
 ) -> SigmaEstimate:
-    """Eigenvalues, erank, PR and their uncertainty for one reading's block sums."""
+    """Eigenvalues, erank, PR and their uncertainty for one reading's block sums; the
+    finite-sample correction within `budget`."""
     d = sums.xx.shape[-1]
     n_samples = int(sums.n.sum())
     values, vectors = torch.linalg.eigh(sums.matrix())
@@ -194,7 +211,7 @@ def estimate(
     sq, _ = sums.samples()
     effective = n_eff(float(sq.sum()), float(sq.pow(2).sum()))
     debiased = (
-        _debiased(sums, eig, half_eigenvalues.get("first"), resampled, seed)
+        _debiased(sums, eig, half_eigenvalues.get("first"), resampled, seed, budget)
         if sums.x is None
         else dict.fromkeys(DEBIASED)
     )
@@ -252,35 +269,40 @@ DEBIASED = (
 
 
 def _debiased(
-    sums: BlockSums, eig: torch.Tensor, half_eig: torch.Tensor | None, resampled: list, seed: int
+    sums: BlockSums,
+    eig: torch.Tensor,
+    half_eig: torch.Tensor | None,
+    resampled: list,
+    seed: int,
+    budget: debias.Budget,
 ) -> dict:
     """The corrected erank and the unbiased PR of an uncentred reading, each with its
-    interval over the bootstrap's resampled blocks (the first debias.RESAMPLES of them
+    interval over the bootstrap's resampled blocks (the first budget.resamples of them
     for the erank, whose resamples each cost a few deconvolution steps)."""
     d, blocks = sums.xx.shape[-1], len(sums.n)
     sq, block = sums.samples()
     gen = torch.Generator(device="cpu").manual_seed(seed + 7919)  # apart from the bootstrap's draws
-    flat = sums.xx.reshape(blocks, -1)
+    flat = sums.xx.reshape(blocks, -1).double()
     gram = (flat @ flat.T).cpu()
-    traces = sums.xx.diagonal(dim1=1, dim2=2).sum(-1).cpu()
+    traces = sums.xx.diagonal(dim1=1, dim2=2).sum(-1).double().cpu()
 
-    def corrected(weights, observed, draws, start=None, iterations=debias.ITERATIONS):
+    def corrected(weights, observed, draws, start=None, iterations=budget.iterations):
         """On the sums' device: the eigendecompositions are most of the work."""
         device = sums.xx.device
         qs = [debias.simulated_sum(sq, block, weights, d, gen, device) for _ in range(draws)]
         return debias.deconvolve(observed.to(device), qs, start, iterations)
 
     ones = torch.ones(blocks, dtype=torch.float64, device="cpu")
-    lam = corrected(ones, eig, debias.DRAWS)
+    lam = corrected(ones, eig, budget.draws)
     first_half = (torch.arange(blocks, device="cpu") < blocks // 2).double()
     half = None  # the same from the first half of the blocks (half_eig: their plug-in)
     if half_eig is not None:
-        half = debias.erank_of(corrected(first_half, half_eig, debias.DRAWS, lam))
+        half = debias.erank_of(corrected(first_half, half_eig, budget.draws, lam))
     point = debias.erank_of(lam)
     pr = debias.unbiased_pr(gram, traces, sums.n, ones)
     erank_boot = [
-        debias.erank_of(corrected(w, e, 1, lam, debias.RESAMPLE_ITERATIONS))
-        for w, e in resampled[: debias.RESAMPLES]
+        debias.erank_of(corrected(w, e, 1, lam, budget.resample_iterations))
+        for w, e in resampled[: budget.resamples]
     ]
     pr_boot = [debias.unbiased_pr(gram, traces, sums.n, w) for w, _ in resampled]
     return {

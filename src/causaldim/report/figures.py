@@ -242,3 +242,66 @@ def plot_subspace(results: dict, path: Path) -> Path:
     ax.legend(fontsize=7, markerscale=4)
     fig.tight_layout()
     return save(fig, path)
+
+
+def plot_profile(results: dict, path: Path) -> Path:
+    """Every layer from one pass: the corrected erank of each direct reading (bands: 95%
+    intervals) and the activations' plug-in erank against depth, then the unbiased PR."""
+    plt = pyplot()
+    prof = results["profile"]
+    layers = sorted(prof["layers"], key=int)
+    x = [int(i) for i in layers]
+    d = results["store"]["model"]["d_model"]
+    fig, (ax_erank, ax_pr) = plt.subplots(1, 2, figsize=(11, 4.2))
+    readings = list(prof["layers"][layers[0]])
+    for reading in readings:
+        rows = [prof["layers"][i][reading] for i in layers]
+        corrected = rows[0]["erank_corrected"] is not None
+        key, iv_key = (
+            ("erank_corrected", "erank_corrected_95") if corrected else ("erank", "erank_95")
+        )
+        style = "-o" if corrected else "--"
+        (line,) = ax_erank.plot(
+            x,
+            [r[key] for r in rows],
+            style,
+            ms=3,
+            label=f"{reading}" + ("" if corrected else " (plug-in, reference)"),
+        )
+        if all(r[iv_key] for r in rows):
+            ax_erank.fill_between(
+                x,
+                [r[iv_key][0] for r in rows],
+                [r[iv_key][1] for r in rows],
+                color=line.get_color(),
+                alpha=0.15,
+            )
+        if corrected:
+            ax_pr.plot(
+                x,
+                [r["participation_ratio_unbiased"] for r in rows],
+                style,
+                ms=3,
+                color=line.get_color(),
+                label=reading,
+            )
+            if all(r["participation_ratio_unbiased_95"] for r in rows):
+                ax_pr.fill_between(
+                    x,
+                    [r["participation_ratio_unbiased_95"][0] for r in rows],
+                    [r["participation_ratio_unbiased_95"][1] for r in rows],
+                    color=line.get_color(),
+                    alpha=0.15,
+                )
+    for ax in (ax_erank, ax_pr):
+        ax.axvline(prof["run_layer"], color="grey", lw=0.8, ls=":", label="the run's layer")
+        ax.set_xlabel("layer (output of block)")
+    ax_erank.axhline(d, color="black", lw=0.8, ls=":", label=f"d = {d}")
+    ax_erank.set_ylabel("erank")
+    ax_erank.set_title("kappa against depth: corrected erank of Sigma")
+    ax_erank.legend(fontsize=7)
+    ax_pr.set_ylabel("participation ratio")
+    ax_pr.set_title("unbiased participation ratio")
+    ax_pr.legend(fontsize=7)
+    fig.tight_layout()
+    return save(fig, path)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..controls import control_figures
 from ..fileio import atomic_write_bytes
-from .figures import plot_atp, plot_sigma, plot_subspace, plot_wedge
+from .figures import plot_atp, plot_profile, plot_sigma, plot_subspace, plot_wedge
 from .results import load_results
 from .sections import build_report
 
@@ -31,6 +31,11 @@ def figure_plan(results: dict, folder: Path) -> dict[str, tuple[Path, Callable[[
         figures["subspace"] = (
             folder / "figures" / "subspace.png",
             lambda p: plot_subspace(results, p),
+        )
+    if results.get("profile"):
+        figures["profile"] = (
+            folder / "figures" / "profile.png",
+            lambda p: plot_profile(results, p),
         )
     figures.update(control_figures(results, folder))
     return figures

@@ -47,6 +47,7 @@ def build_results(
     controls: dict,
     subspace: dict,
     headline: str,
+    profile: dict | None = None,
     started: str,
     seconds: dict,
 ) -> dict:
@@ -101,6 +102,7 @@ def build_results(
         "sweep": here.analysis,
         "controls": controls,
         "subspace": subspace,
+        "profile": profile,  # every layer's Sigma (--profile), or None
         "headline": headline,
         "paper": PAPER,
         "versions": {**m["versions"], **versions("python", "numpy", "scipy")},

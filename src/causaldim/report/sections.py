@@ -71,6 +71,7 @@ def build_report(results: dict, figures: dict[str, Path]) -> Doc:
     beside_paper(doc, results)
     sweeps(doc, results, figures)
     direct_sigma(doc, results, figures)
+    profile_section(doc, results, figures)
     subspace_section(doc, results, figures)
     report_controls(doc, results, figures)
     provenance(doc, results)
@@ -316,6 +317,75 @@ def direct_sigma(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
     )
     if "sigma" in figures:
         doc.img(figures["sigma"], "sigma")
+
+
+def profile_section(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
+    prof = results.get("profile")
+    if not prof:
+        return
+    layers = sorted(prof["layers"], key=int)
+    readings = list(prof["layers"][layers[0]])
+    direct = [r for r in readings if r != "activations"]
+    c = prof["correction"]
+    doc.h(2, "Every layer")
+    doc.p(
+        "Sigma at every block output, from the same eval pass (its backward run on down to "
+        f"block 0): the corrected erank of each reading with its 95% interval over "
+        f"{prof['bootstrap']} resamples of {prof['blocks']} sequence blocks (a lighter "
+        f"correction than the run's layer: {c['draws']} draws, {c['resamples']} resampled "
+        "corrections), the unbiased PR of the first reading, and the activations' plug-in "
+        f"erank for reference. Layer {prof['run_layer']} is the run's layer, measured in "
+        "full above."
+    )
+    head = ["layer", *(f"erank {r} [95%]" for r in direct)]
+    head += [f"PR {direct[0]}"] if direct else []
+    head += ["erank activations (plug-in)"] if "activations" in readings else []
+    rows = []
+    for i in layers:
+        row = prof["layers"][i]
+        cells = [i + (" (run)" if int(i) == prof["run_layer"] else "")]
+        cells += [
+            f"{num(row[r]['erank_corrected'])} {ci(row[r]['erank_corrected_95'])}" for r in direct
+        ]
+        cells += [num(row[direct[0]]["participation_ratio_unbiased"])] if direct else []
+        if "activations" in row:
+            a = row["activations"]
+            cells.append(f"{num(a['erank'])} {ci(a['erank_95'])}")
+        rows.append(cells)
+    doc.table(head, rows)
+    cautions = _profile_cautions(prof, results["config"]["analysis"], results["store"]["model"])
+    if cautions:
+        doc.h(3, "Read with care")
+        doc.ul(cautions)
+    if "profile" in figures:
+        doc.img(figures["profile"], "profile")
+
+
+def _profile_cautions(prof: dict, analysis: dict, model: dict) -> list[str]:
+    """One line per reading: the layers with few effective samples per dimension, and
+    those whose corrected erank still moved over the last doubling of samples."""
+    d, lines = model["d_model"], []
+    for reading in prof["layers"][next(iter(prof["layers"]))]:
+        few, moving = [], []
+        for i, row in sorted(prof["layers"].items(), key=lambda kv: int(kv[0])):
+            e = row[reading]
+            if e["n_eff"] / d < analysis["min_samples_per_dim"]:
+                few.append(i)
+            half, full = e["erank_corrected_half"], e["erank_corrected"]
+            if half and abs(full / half - 1) > analysis["converged_change"]:
+                moving.append(i)
+        if few:
+            lines.append(
+                f"{reading}: fewer than {analysis['min_samples_per_dim']:g} effective samples "
+                f"per dimension at layers {', '.join(few)}"
+            )
+        if moving:
+            lines.append(
+                f"{reading}: the corrected erank moved by more than "
+                f"{pct(analysis['converged_change'])} over the last doubling of samples at "
+                f"layers {', '.join(moving)}; harvest more eval tokens"
+            )
+    return lines
 
 
 def subspace_section(doc: Doc, results: dict, figures: dict[str, Path]) -> None:

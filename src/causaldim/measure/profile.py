@@ -1,0 +1,142 @@
+"""The profile of every layer from one pass: Sigma of each reading at every block output.
+
+The eval pass runs its backward from the loss and the probes down to the lowest tapped
+block; tapping every block makes each backward yield g and the probe products at every
+layer on its way down, for about the cost of running it on to block 0. The Accumulator
+takes those rows as the pass makes them and adds them to per-layer block sums (the same
+rows, blocks and order as sigma.accumulate reads from a store), so no per-token rows of
+the extra layers are ever written. Each layer is then estimated as the run's layer is,
+with coarser blocks, fewer resamples and a lighter correction (debias.LIGHT): a layer
+costs seconds, not a minute.
+
+Memory: layers x readings x blocks d x d sums, in float32 (check_memory says so before
+the pass).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from ..config import AnalysisConfig
+from ..errors import UsageError
+from ..harvest.store import block_of, n_blocks
+from . import debias
+from .sigma import READINGS, BlockSums, SigmaEstimate, add_rows, estimate
+
+SUM_DTYPE = torch.float32
+# What results.json keeps of each layer's reading (the full estimate is the run layer's).
+KEPT = (
+    "n_samples",
+    "n_eff",
+    "erank",
+    "participation_ratio",
+    "erank_corrected",
+    "erank_corrected_95",
+    "erank_corrected_half",
+    "participation_ratio_unbiased",
+    "participation_ratio_unbiased_95",
+    "directions_for",
+    "warning",
+)
+
+
+def profile_readings(logit_probes: int, fisher_probes: int) -> tuple[str, ...]:
+    """The readings the pass gives, in sigma.READINGS' order (the store's)."""
+    given = {"loss": True, "logits": logit_probes > 0, "fisher": fisher_probes > 0}
+    return tuple(r for r in READINGS if given.get(r, True))
+
+
+def sums_bytes(n_layers: int, d: int, blocks: int, readings: int) -> int:
+    return n_layers * readings * blocks * d * d * torch.finfo(SUM_DTYPE).bits // 8
+
+
+def check_memory(
+    n_layers: int, d: int, blocks: int, readings: int, free_bytes: int, where: str
+) -> None:
+    """Refuse a profile whose sums would not fit in the memory the run can give them."""
+    need = sums_bytes(n_layers, d, blocks, readings)
+    if need > free_bytes:
+        fits = free_bytes // sums_bytes(n_layers, d, 1, readings)
+        fix = (
+            f"pass --profile-blocks {fits}"
+            if fits >= 2
+            else "drop --profile, or run it on a machine with more memory"
+        )
+        raise UsageError(
+            f"--profile: the per-layer sums need {need / 2**30:.1f} GiB ({n_layers} layers x "
+            f"{readings} readings x {blocks} blocks of {d} x {d}) and {where} has "
+            f"{free_bytes / 2**30:.1f} GiB to give; {fix}"
+        )
+
+
+class Accumulator:
+    """Block sums of every reading at every layer, filled from the eval pass's rows (an
+    EvalObserver of harvest/write.py)."""
+
+    def __init__(
+        self,
+        layers,
+        d: int,
+        n_sequences: int,
+        seq_len: int,
+        blocks: int,
+        readings: tuple[str, ...],
+        include_outliers: bool = False,
+        device="cpu",
+    ):
+        self.layers = tuple(sorted(layers))
+        self.n_sequences, self.seq_len = n_sequences, seq_len
+        self.blocks = n_blocks(n_sequences, blocks)
+        self.include_outliers = include_outliers
+        self.sums = {
+            i: {
+                r: BlockSums(d, self.blocks, r == "activations", device, SUM_DTYPE)
+                for r in readings
+            }
+            for i in self.layers
+        }
+
+    def add(self, layer: int, rows: dict[str, torch.Tensor]) -> None:
+        if not self.include_outliers:
+            keep = ~rows["outlier"]
+            rows = {k: v[keep] for k, v in rows.items()}
+        blocks = block_of(rows["seq"], self.blocks, self.n_sequences)
+        add_rows(self.sums[layer], rows, blocks, self.seq_len)
+
+
+def estimates(
+    acc: Accumulator, cfg: AnalysisConfig, seed: int, probes: dict[str, int]
+) -> dict[int, dict[str, SigmaEstimate]]:
+    """Each layer's estimates, as sigma.measure makes them (the seeds alike) with the
+    profile's blocks, resamples and debias.LIGHT; each layer's sums freed once used."""
+    light = replace(cfg, blocks=acc.blocks, bootstrap=cfg.profile_bootstrap)
+    out = {}
+    for layer in acc.layers:
+        sums = acc.sums.pop(layer)
+        out[layer] = {
+            r: estimate(r, s, light, seed + k, probes.get(r, 1), debias.LIGHT)
+            for k, (r, s) in enumerate(sums.items())
+        }
+    return out
+
+
+def profile_results(
+    found: dict[int, dict[str, SigmaEstimate]], acc: Accumulator, cfg: AnalysisConfig, layer: int
+) -> dict:
+    """results.json's "profile": per layer and reading, the kept numbers and the
+    plug-in erank's interval (the activations' reference line has no corrected one)."""
+
+    def row(e: SigmaEstimate) -> dict:
+        kept = {k: getattr(e, k) for k in KEPT}
+        return {**kept, "erank_95": e.bootstrap["erank_95"] if e.bootstrap else None}
+
+    layers = {str(i): {r: row(e) for r, e in ests.items()} for i, ests in found.items()}
+    return {
+        "layers": layers,
+        "run_layer": layer,
+        "blocks": acc.blocks,
+        "bootstrap": cfg.profile_bootstrap,
+        "correction": debias.LIGHT._asdict(),
+    }

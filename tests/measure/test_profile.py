@@ -1,0 +1,106 @@
+"""The profile of every layer from one pass equals single-layer runs at those layers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from causaldim.config import AnalysisConfig
+from causaldim.errors import UsageError
+from causaldim.harvest import harvest
+from causaldim.measure import debias, profile
+from causaldim.measure.sigma import accumulate, estimate
+
+N_LAYERS = 4
+CHECKED = ("erank", "erank_corrected", "participation_ratio_unbiased", "n_eff")
+
+
+@pytest.fixture(scope="module")
+def one_pass(tmp_path_factory, tiny_harvest):
+    """A profile of every layer of the tiny Llama from one eval pass, beside single-layer
+    stores of layers 0 and 2 harvested apart (each its own pass, down to that layer)."""
+    cfg = AnalysisConfig(profile_blocks=8, profile_bootstrap=20)
+    base = tmp_path_factory.mktemp("profile")
+    run = tiny_harvest(base / "run", layer=2)
+    n_eval = int(run.tokens * run.eval_fraction) // run.seq_len
+    acc = profile.Accumulator(
+        range(N_LAYERS),
+        32,
+        n_eval,
+        run.seq_len,
+        cfg.profile_blocks,
+        profile.profile_readings(run.logit_probes, run.fisher_probes),
+    )
+    harvest(run, progress=False, observer=acc)
+    probes = {"logits": run.logit_probes, "fisher": run.fisher_probes}
+    found = profile.estimates(acc, cfg, seed=0, probes=probes)
+    singles = {
+        layer: harvest(tiny_harvest(base / f"L{layer}", layer=layer), progress=False).store
+        for layer in (0, 2)
+    }
+    return cfg, acc, found, singles, probes
+
+
+def test_every_layer_and_reading_is_measured(one_pass):
+    _, acc, found, _, _ = one_pass
+    assert sorted(found) == list(range(N_LAYERS))
+    for ests in found.values():
+        assert set(ests) == {"loss", "logits", "fisher", "activations"}
+        for r, e in ests.items():
+            assert e.erank > 1
+            if r != "activations":
+                lo, hi = e.erank_corrected_95
+                assert lo <= e.erank_corrected <= hi
+    assert not acc.sums  # each layer's sums were freed once estimated
+
+
+@pytest.mark.parametrize("layer", [0, 2])
+def test_profile_equals_a_single_layer_run(one_pass, layer):
+    """Same rows, blocks, order and seeds as the store route: the numbers agree to 1e-5
+    (the sums differ only in float32 rounding)."""
+    cfg, acc, found, singles, probes = one_pass
+    light = AnalysisConfig(blocks=cfg.profile_blocks, bootstrap=cfg.profile_bootstrap)
+    sums = accumulate(singles[layer], light)
+    assert list(sums) == list(found[layer])  # the readings in the seeds' order
+    for k, (r, s) in enumerate(sums.items()):
+        single = estimate(r, s, light, k, probes.get(r, 1), debias.LIGHT)
+        for name in CHECKED:
+            a, b = getattr(found[layer][r], name), getattr(single, name)
+            if a is None:
+                assert b is None
+                continue
+            assert math.isclose(a, b, rel_tol=1e-5), (layer, r, name, a, b)
+        assert found[layer][r].n_samples == single.n_samples
+
+
+def test_the_profile_pass_reuses_finished_stores(one_pass, tiny_harvest, tmp_path):
+    """With every store finished, only the eval split runs, and the store is untouched."""
+    cfg, _, found, singles, probes = one_pass
+    root = singles[2].root
+    before = sorted(p.stat().st_mtime for p in root.iterdir())
+    acc = profile.Accumulator(
+        range(N_LAYERS),
+        32,
+        acc_sequences(singles[2]),
+        32,
+        cfg.profile_blocks,
+        profile.profile_readings(1, 1),
+    )
+    result = harvest(tiny_harvest(root.parent.parent, layer=2), progress=False, observer=acc)
+    assert result.reused and result.lm is not None
+    assert sorted(p.stat().st_mtime for p in root.iterdir()) == before
+    again = profile.estimates(acc, cfg, seed=0, probes=probes)
+    assert again[1]["loss"].erank == pytest.approx(found[1]["loss"].erank, rel=1e-5)
+
+
+def acc_sequences(store) -> int:
+    return store.manifest["splits"]["eval"]["n_sequences"]
+
+
+def test_memory_check_names_the_fix():
+    with pytest.raises(UsageError, match="--profile-blocks 3"):
+        profile.check_memory(30, 576, 16, 4, profile.sums_bytes(30, 576, 3, 4) + 1, "the CPU")
+    with pytest.raises(UsageError, match="drop --profile"):
+        profile.check_memory(30, 576, 16, 4, 10, "the CPU")
+    profile.check_memory(30, 576, 16, 4, profile.sums_bytes(30, 576, 16, 4), "the CPU")
