@@ -142,6 +142,8 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, tiny_model, text_c
         (["--percentile", "100"], "--percentile must lie in (0, 100)"),
         (["--percentile", "0"], "--percentile must lie in (0, 100)"),
         (["--preset", "huge"], "unknown preset 'huge'"),
+        (["--dead-tokens", "6144"], "--dead-tokens 6,144 is not below the 6,144 tokens"),
+        (["--profile", "--profile-blocks", "1"], "--profile-blocks must be at least 2"),
     ],
 )
 def test_bad_sweep_and_analysis_input(tmp_path, tiny_model, text_corpus, capsys, flags, message):
@@ -155,8 +157,6 @@ def test_bad_sweep_and_analysis_input(tmp_path, tiny_model, text_corpus, capsys,
 
 
 def test_a_store_without_gradients_is_refused_for_scoring(finished_run, tmp_path, capsys):
-    import shutil
-
     from causaldim.fileio import write_sealed_json
 
     out, args = finished_run

@@ -214,6 +214,13 @@ def _print_plan(the_plan, sweep_cfg, analysis_cfg) -> None:
         f"{analysis_cfg.reference_width or sweep_cfg.widths[0]}; {analysis_cfg.bootstrap} "
         "bootstrap resamples"
     )
+    widest, n_train, n_eval = max(sweep_cfg.widths), est["tokens"]["train"], est["tokens"]["eval"]
+    print(
+        f"the widest SAE ({widest:,}): each feature fires about "
+        f"{sweep_cfg.k * n_train * sweep_cfg.epochs / widest:,.0f} times in training "
+        f"(k x tokens x epochs / width; the median feature fewer) and "
+        f"{sweep_cfg.k * n_eval / widest:,.0f} times in eval, on average"
+    )
     mem, gib = est["memory"], 2**30
     print(f"device: {mem['device']}; model {cfg.dtype}, SAE encoder product {sweep_cfg.sae_dtype}")
     print(

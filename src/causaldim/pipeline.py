@@ -83,6 +83,13 @@ def check(
             device,
             beside=main.pass_memory.weights,
         )
+    trained = sweep_cfg.epochs * main.splits.train.numel()
+    if sweep_cfg.dead_tokens and sweep_cfg.dead_tokens >= trained and not sweep_cfg.sae_paths:
+        raise UsageError(
+            f"--dead-tokens {sweep_cfg.dead_tokens:,} is not below the {trained:,} tokens each "
+            "SAE trains on: no feature could count as dead and AuxK would never switch on; "
+            "pass a smaller value, or leave it out (default: a tenth of them)"
+        )
     for path in sweep_cfg.sae_paths:
         if (d := peek_d_in(Path(path))) != main.source.d_model:
             raise UsageError(

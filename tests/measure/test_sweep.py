@@ -35,6 +35,14 @@ def test_sweep_trains_saves_evaluates_and_is_reused(tmp_path, store, monkeypatch
         assert ev["alive"] + ev["dead"] == e.width
         if e.architecture == "topk":
             assert ev["l0"] <= 4 + 1e-6
+        # dead_tokens by default: a tenth of the tokens each SAE trains on, so AuxK can act
+        stats, trained = e.meta["train_stats"], SWEEP.epochs * store.n_tokens("train", True)
+        assert e.meta["request"]["train"]["dead_tokens"] == trained // 10
+        # every firing over the training is counted: mean = tokens x L0 / width
+        firings = stats["firings"]
+        assert firings["p10"] <= firings["median"] <= firings["p90"]
+        if e.architecture == "topk":
+            assert firings["mean"] == pytest.approx(stats["tokens"] * 4 / e.width, rel=0.02)
     topk64 = load_entry(entries[2])
     # The stored evaluation is what a direct computation on the eval split gives.
     xs = torch.cat([b["h"] for b in store.batches("eval", ("h",), 10_000)])

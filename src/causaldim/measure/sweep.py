@@ -79,12 +79,12 @@ def evaluate(sae: SAE, store: Store, batch_tokens: int = 4096) -> dict:
     }
 
 
-def _settings(cfg: SweepConfig, seed: int, device: torch.device) -> TrainSettings:
+def _settings(cfg: SweepConfig, seed: int, device: torch.device, trained: int) -> TrainSettings:
     return TrainSettings(
         lr=cfg.lr,
         epochs=cfg.epochs,
         target_l0=float(cfg.k),
-        dead_tokens=cfg.dead_tokens,
+        dead_tokens=cfg.dead_tokens_for(trained),
         seed=seed,
         compute_dtype=resolve_dtype(cfg.sae_dtype, device),
     )
@@ -150,9 +150,9 @@ def run_sweep(
     out = Path(out)
     executor = executor or LocalExecutor()
     fingerprint = key_digest(store.manifest["key"])
-    settings = _settings(cfg, seed, resolve_device(executor.device))
     n_train = store.n_tokens("train", drop_outliers=True)
     steps = cfg.epochs * math.ceil(n_train / cfg.batch_tokens)
+    settings = _settings(cfg, seed, resolve_device(executor.device), cfg.epochs * n_train)
     folders, jobs = {}, []
     for arch in cfg.architectures:
         for width in cfg.widths:

@@ -48,6 +48,9 @@ class TrainStats(NamedTuple):
     sparsity_coef: float
     dead_fraction: float
     history: list[dict]
+    # Over the whole training (tokens x epochs): quantiles of each feature's firing count;
+    # too few firings per feature means too little data for the width.
+    firings: dict
 
 
 class Normalizer(NamedTuple):
@@ -88,6 +91,7 @@ def train_sae(
     coef = sae.init_sparsity_coef if settings.init_coef is None else settings.init_coef
     device = sae.b_dec.device
     since_fired = torch.zeros(sae.cfg.width, dtype=torch.long, device=device)
+    fired = torch.zeros(sae.cfg.width, dtype=torch.long, device=device)
     dtype = getattr(torch, settings.compute_dtype)
     step, tokens, history, recent = 0, 0, [], []
     first, done = True, (-1, -1)  # (epoch, batch) of the last step taken before a resume
@@ -95,6 +99,7 @@ def train_sae(
         tensors, state = saved
         _restore(sae, opt, gen, tensors, state)
         since_fired = tensors["since_fired"].to(device)
+        fired = tensors["fired"].to(device)
         step, tokens, coef, first = state["step"], state["tokens"], state["coef"], False
         history, recent = state["history"], [tuple(r) for r in state["recent"]]
         done = tuple(state["done"])
@@ -130,6 +135,7 @@ def train_sae(
 
             since_fired += len(x)
             since_fired[active_idx] = 0
+            fired += torch.bincount(active_idx, minlength=sae.cfg.width)
             dead = since_fired > settings.dead_tokens
             mse_value = mse.item()
             if not math.isfinite(mse_value + float(side.detach())):
@@ -155,7 +161,7 @@ def train_sae(
                     }
                 )
             if checkpoint is not None and checkpoint.due(step):
-                tensors, state = _snapshot(sae, opt, gen, since_fired)
+                tensors, state = _snapshot(sae, opt, gen, since_fired, fired)
                 state.update(
                     step=step,
                     tokens=tokens,
@@ -179,10 +185,18 @@ def train_sae(
         coef,
         float((since_fired > settings.dead_tokens).float().mean()),
         history,
+        firing_quantiles(fired),
     )
 
 
-def _snapshot(sae: SAE, opt: torch.optim.Optimizer, gen: torch.Generator, since_fired):
+def firing_quantiles(fired: torch.Tensor) -> dict:
+    """Median, 10th and 90th percentile and mean of per-feature firing counts."""
+    x = fired.double().cpu()
+    q = torch.quantile(x, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64))
+    return {"p10": float(q[0]), "median": float(q[1]), "p90": float(q[2]), "mean": float(x.mean())}
+
+
+def _snapshot(sae: SAE, opt: torch.optim.Optimizer, gen: torch.Generator, since_fired, fired):
     """Tensors (on the CPU) and JSON state that make the rest of training bit-identical."""
     opt_state = opt.state_dict()
     tensors = {f"sae.{k}": v.cpu() for k, v in sae.state_dict().items()}
@@ -190,6 +204,7 @@ def _snapshot(sae: SAE, opt: torch.optim.Optimizer, gen: torch.Generator, since_
         for name, value in slots.items():
             tensors[f"opt.{i}.{name}"] = value.cpu()
     tensors["since_fired"] = since_fired.cpu()
+    tensors["fired"] = fired.cpu()
     tensors["generator"] = gen.get_state()
     return tensors, {"param_groups": opt_state["param_groups"]}
 
