@@ -355,3 +355,20 @@ def test_profile_measures_every_layer_beside_the_run(finished_run, tmp_path):
     md = (copy / "report.md").read_text()
     assert "## Every layer" in md and "2 (run)" in md
     assert (copy / "figures" / "profile.png").stat().st_size > 10_000
+
+
+def test_sae_seeds_carry_the_trainings_variance_into_the_report(finished_run, tmp_path):
+    """--sae-seeds 2 on a finished run: the first training of each width is reused, a
+    second is trained and scored, and every width shows both counts."""
+    out, args = finished_run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    args = [*args[: args.index("--out")], "--out", str(copy), "--sae-seeds", "2"]
+    assert cli.main(args) == 0
+    r = json.loads((copy / "results.json").read_text())
+    a = r["sweep"]["topk"]
+    assert a["seeds"] == 2
+    assert r["saes"]["topk-w16"]["reused"] and not r["saes"]["topk-w16-s1"]["reused"]
+    for row in a["per_width"]:
+        assert len(row["n_causal_seeds"]) == 2 and row["n_causal_seeds"][0] == row["n_causal"]
+    assert "N_causal per seed" in (copy / "report.md").read_text()

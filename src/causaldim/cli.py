@@ -267,7 +267,7 @@ def _cmd_train(args) -> int:
         f"{'SAE':<16} {'L0':>7} {'FVE':>7} {'CE rec.':>8} {'alive':>7} {'dead %':>7} {'seconds':>8}"
     )
     for e in result.entries:
-        ev, name = e.meta["eval"], f"{e.architecture}-w{e.width}"
+        ev, name = e.meta["eval"], e.name
         seconds = e.meta["train_stats"]["seconds"]
         rec = ce.get(name, {}).get("ce_loss_recovered", float("nan"))
         print(

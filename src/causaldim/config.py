@@ -15,6 +15,7 @@ from .sae import ARCHITECTURES
 COMPUTE_DTYPES = ("float32", "bfloat16")
 DTYPE_CHOICES = ("auto", *COMPUTE_DTYPES)
 STORE_DTYPES = ("float32", "bfloat16", "float16")
+ATP_NORMALISATIONS = ("all", "firing")  # what AtP_i is the mean over: every token, or its firings
 
 
 def _opt(default, help: str, **kw):
@@ -149,6 +150,13 @@ class AnalysisConfig:
     reference_width: int | None = _opt(
         None, "Width whose AtP scores calibrate epsilon; default: the smallest of the sweep."
     )
+    atp_normalisation: str = _opt(
+        "all",
+        "AtP_i as the mean of |f_i (g . d_i)| over all eval tokens ('all', the paper's "
+        "formula as written) or over the tokens where feature i fires ('firing'); the "
+        "report shows the other beside it.",
+        choices=ATP_NORMALISATIONS,
+    )
     include_outliers: bool = _opt(False, "Keep outlier tokens (position 0, huge norms) in.")
     min_samples_per_dim: float = _opt(
         10.0, "Warn when rank-1 samples are fewer than this many times d."
@@ -208,6 +216,11 @@ class AnalysisConfig:
             )
         if any(i < 0 for i in self.depth_layers):
             raise UsageError(f"--depth-layers must be >= 0, got {self.depth_layers}")
+        if self.atp_normalisation not in ATP_NORMALISATIONS:
+            raise UsageError(
+                f"--atp-normalisation must be one of {', '.join(ATP_NORMALISATIONS)}, got "
+                f"{self.atp_normalisation!r}"
+            )
         if self.blocks < 2:
             raise UsageError(f"--blocks must be at least 2, got {self.blocks}")
         for name in ("bootstrap", "profile_bootstrap"):
@@ -267,6 +280,12 @@ class SweepConfig:
         "A feature silent for this many training tokens counts as dead (AuxK revives it); "
         "default: a tenth of the tokens each SAE trains on (tokens x epochs).",
     )
+    sae_seeds: int = _opt(
+        1,
+        "Trainings per width, with seeds seed, seed + 1, ...: the first gives the point "
+        "estimates; with more, every resample of the intervals draws one training per "
+        "width, so they carry the training's variance.",
+    )
     checkpoint_steps: int = _opt(
         100,
         "Save each SAE's training state every this many steps, so that a killed sweep "
@@ -306,6 +325,10 @@ class SweepConfig:
             raise UsageError(f"--architectures must be among {', '.join(ARCHITECTURES)}")
         if self.k <= 0 or self.k > self.widths[0]:
             raise UsageError(f"--k must lie in 1..{self.widths[0]} (the smallest width)")
+        if self.sae_seeds < 1:
+            raise UsageError(f"--sae-seeds must be at least 1, got {self.sae_seeds}")
+        if self.sae_seeds > 1 and self.sae_paths:
+            raise UsageError("--sae-seeds trains replicates; with --sae-paths nothing is trained")
         if self.ce_sequences < 0:
             raise UsageError("--ce-sequences must be >= 0")
         if self.checkpoint_steps < 0:

@@ -7,6 +7,8 @@ from __future__ import annotations
 PAPER = {
     "source": "Sarkar & Deka, arXiv 2605.08740, Gemma-2-2B layer 12, widths 16,384..1,048,576",
     "d_model": 2304,
+    "reference_width": 16_384,  # 7.1 d
+    "widest_width": 1_048_576,  # 455 d
     "width_ratio": 64,
     "n_repr_growth": 15.6,
     "n_causal_growth": 4.35,

@@ -126,3 +126,20 @@ def test_a_tiny_sweep_on_the_toy_returns_sane_data(tmp_path):
     # epsilon is the 98th percentile of the smallest width: about 2% of it lies above
     assert out["rows"][0]["n_causal"] == pytest.approx(0.02 * 32, abs=2)
     assert out["kappa_over_k"] == pytest.approx(out["kappa_hat"] / SMALL.k)
+
+
+def test_the_split_robust_estimate_recovers_the_planted_k(tmp_path):
+    """kappa_SAE = erank(E[v v^T]) lands on the planted k at every width once the SAEs
+    have learned the planted directions, while N_causal falls with the width. The toy at
+    its default size, trained long enough to learn them (about 40 s)."""
+    spec = synthetic.SyntheticSpec(eval_tokens=4096)
+    sweep = SweepConfig(widths=[64, 128], k=8, epochs=3, batch_tokens=256)
+    out = synthetic.synthetic_ground_truth(
+        tmp_path, sweep, AnalysisConfig(blocks=8, bootstrap=20), seed=0, spec=spec
+    )
+    assert all(r["recall_dictionary"] == 1.0 for r in out["rows"])  # the SAEs learned U
+    for r in out["rows"]:
+        assert r["kappa_SAE"] == pytest.approx(spec.k, rel=0.05)
+    lo, hi = out["kappa_SAE_95"]
+    assert lo <= out["kappa_SAE"] <= hi and hi < spec.k * 1.1
+    assert out["kappa_SAE_over_k"] == pytest.approx(out["kappa_SAE"] / spec.k)

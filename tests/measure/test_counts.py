@@ -66,3 +66,71 @@ def test_resampled_counts_recalibrate_in_every_resample():
     assert boot["n_causal"][:, 1].std() > 0 and boot["n_repr"][:, 1].std() > 0
     assert (boot["n_repr"][:, 1] <= wide.n_repr).all()  # a resample never adds firing
     assert boot["epsilon"].std() > 0
+
+
+def test_the_slope_rests_on_the_widths_with_counts_and_says_how_many():
+    per_width = {
+        256: {"n_repr": 200, "n_causal": 6},
+        512: {"n_repr": 400, "n_causal": 0},
+        1024: {"n_repr": 800, "n_causal": 0},
+        2048: {"n_repr": 1600, "n_causal": 24},
+    }
+    w = wedge(per_width)
+    assert w["widths"] == 4 and w["n_repr_loglog_widths"] == 4
+    assert w["n_causal_loglog_widths"] == 2  # the zeros are left out, and counted
+    assert w["n_causal_loglog_slope"] == pytest.approx(2 / 3)  # log 4 / log 8
+    assert w["n_repr_loglog_slope"] == pytest.approx(1.0)
+
+
+def planted_dictionary(tokens: int = 1000) -> Scores:
+    """Two features with known answers over 4 blocks of `tokens` tokens: a rare one (10% of
+    tokens) with effect 1.0 per firing, a frequent one (90%) with effect 0.2, and one that
+    never fires."""
+    rare, frequent = 0.1 * tokens, 0.9 * tokens
+    return Scores(
+        torch.tensor([[rare * 1.0, frequent * 0.2, 0.0]] * 4, dtype=torch.float64),
+        torch.tensor([[rare, frequent, 0.0]] * 4, dtype=torch.float64),
+        torch.full((4,), tokens),
+        torch.full((4,), int(rare + frequent)),
+    )
+
+
+def test_both_normalisations_on_a_planted_dictionary():
+    s = planted_dictionary()
+    # over all tokens: frequency x effect, so the frequent weak feature outranks the rare one
+    assert s.atp.tolist() == pytest.approx([0.1, 0.18, 0.0])
+    firing = s.normalised("firing")
+    # over its firings: the effect when present, so the rare strong feature leads
+    assert firing.atp.tolist() == pytest.approx([1.0, 0.2, 0.0])
+    w = torch.tensor([2.0, 0.0, 1.0, 1.0])  # a resample keeps both readings' meaning
+    assert firing.resample(w)[0].tolist() == pytest.approx([1.0, 0.2, 0.0])
+    assert s.resample(w)[0].tolist() == pytest.approx([0.1, 0.18, 0.0])
+    assert (
+        counts({3: s}, 0.15)[3]["n_causal"] == 1 and counts({3: firing}, 0.15)[3]["n_causal"] == 2
+    )
+
+
+def test_replicates_put_the_trainings_variance_into_the_intervals():
+    """Two trainings of the wide width that disagree on how many features pass: resamples
+    that draw a training per width spread over both counts; without, they cannot."""
+    gen = torch.Generator().manual_seed(0)
+    ref = Scores(
+        torch.rand(16, 100, generator=gen, dtype=torch.float64),
+        torch.ones(16, 100, dtype=torch.float64),
+        torch.full((16,), 10),
+        torch.full((16,), 40),
+    )
+    eps = calibrate(ref.atp)
+
+    def wide(n_strong: int) -> Scores:
+        atp = torch.full((16, 400), 0.001, dtype=torch.float64)
+        atp[:, :n_strong] = 100 * eps * 10  # far above epsilon in every block
+        return Scores(atp, torch.ones(16, 400, dtype=torch.float64), ref.tokens, ref.active)
+
+    alone = resampled_counts({100: ref, 400: wide(5)}, 100, 98.0, 60, seed=0)
+    assert set(alone["n_causal"][:, 1]) == {5.0}
+    both = resampled_counts(
+        {100: ref, 400: wide(5)}, 100, 98.0, 60, seed=0, replicates={400: [wide(20)]}
+    )
+    assert set(both["n_causal"][:, 1]) == {5.0, 20.0}
+    assert (both["n_causal"][:, 0] == 2).all()  # the reference is calibrated as before

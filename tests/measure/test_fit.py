@@ -47,6 +47,34 @@ def test_the_95_interval_covers_the_true_kappa(form):
     assert covered >= 90
 
 
+SWEEP8 = np.array([256 * 2**i for i in range(8)], float)
+DRAWN = {  # kappa 400 at widths 256..32,768; lomax with a heavy tail (a = 0.4)
+    "exponential": (400.0, 1500.0),
+    "hyperbolic": (400.0, 1500.0),
+    "lomax": (400.0, 1500.0, 0.4),
+}
+
+
+def test_the_form_is_identified_on_sweeps_drawn_from_each_form():
+    """40 Poisson sweeps of 8 widths drawn from each form, the form chosen by AICc.
+    Measured (60 draws each): exponential 92%, hyperbolic 80%, lomax 17% (plain AIC:
+    88%, 67%, 53%); at 5 widths 55%, 60% and 0%. A true lomax is rarely told apart from
+    the 2-parameter forms at these widths; what AICc buys is that a 2-parameter truth is
+    rarely taken for lomax."""
+    rng = np.random.default_rng(1)
+    chosen = {truth: [] for truth in DRAWN}
+    for truth, params in DRAWN.items():
+        mean = FORMS[truth].curve(SWEEP8, *params)
+        for _ in range(40):
+            chosen[truth].append(estimate_kappa(SWEEP8, rng.poisson(mean)).form)
+    rate = {truth: forms.count(truth) / len(forms) for truth, forms in chosen.items()}
+    print(f"identified: {rate}")
+    assert rate["exponential"] >= 0.8 and rate["hyperbolic"] >= 0.65
+    assert rate["lomax"] >= 0.05  # found sometimes, not never
+    two = chosen["exponential"] + chosen["hyperbolic"]
+    assert two.count("lomax") / len(two) <= 0.1
+
+
 def test_the_constraint_holds_and_a_linear_curve_is_flagged():
     linear = 0.2 * WIDTHS  # no saturation at all within the sweep
     free = estimate_kappa(WIDTHS, linear)

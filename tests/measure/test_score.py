@@ -6,6 +6,7 @@ import torch
 from reference import reference_atp
 
 from causaldim.harvest import harvest
+from causaldim.measure import attributed
 from causaldim.measure.score import atp_scores
 from causaldim.model.load import load_model, resolve_model
 from causaldim.sae import SAEConfig, build
@@ -44,3 +45,19 @@ def test_block_sums_add_up_to_the_whole(harvest_config):
     assert torch.allclose(many.resample(torch.full((8,), 2.0))[0], many.atp, rtol=1e-6)
     half = torch.tensor([1.0] * 4 + [0.0] * 4)
     assert not torch.allclose(many.resample(half)[0], many.atp)
+
+
+def test_the_seen_gradient_sums_are_those_of_the_scored_tokens(harvest_config):
+    """vv_sums holds sum v v^T with v = sum_i f_i (g . d_i) d_i over exactly the tokens AtP
+    scores, in groups of consecutive blocks."""
+    store = harvest(harvest_config(logit_probes=0, fisher_probes=0), progress=False).store
+    sae = build(SAEConfig("topk", 32, 64, k=4))
+    sae.reset(torch.Generator().manual_seed(2))
+    sae.requires_grad_(False)
+    scores = atp_scores(sae, store, blocks=8)
+    last = store.manifest["seq_len"] - 1
+    batch = next(store.batches("eval", ("h", "g", "pos"), 10**6))
+    keep = batch["pos"] < last
+    v = attributed.seen_gradient(sae.encode(batch["h"][keep]), batch["g"][keep], sae.W_dec)
+    assert scores.vv_sums.shape == (8, 32, 32)
+    assert relative_error(scores.vv_sums.sum(0), v.T.double() @ v.double()) < 1e-5

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -100,3 +102,24 @@ def test_killed_sweep_resumes_without_retraining_finished_widths(tmp_path, store
 def test_bad_sweep_settings(changes, message):
     with pytest.raises(UsageError, match=message):
         SweepConfig(**{**SWEEP.to_dict(), **changes}).check()
+
+
+def test_sae_seeds_train_replicates_beside_the_sweep(tmp_path, store):
+    cfg = SweepConfig(
+        widths=[16, 32], architectures=["topk"], k=4, epochs=1, batch_tokens=256, sae_seeds=2
+    )
+    entries = run_sweep(store, tmp_path / "run", cfg, progress=False)
+    assert [(e.name, e.replicate) for e in entries] == [
+        ("topk-w16", 0),
+        ("topk-w32", 0),
+        ("topk-w16-s1", 1),
+        ("topk-w32-s1", 1),
+    ]
+    seeds = [e.meta["request"]["train"]["seed"] for e in entries]
+    assert seeds == [0, 0, 1, 1]
+    assert not torch.equal(load_entry(entries[0]).W_dec, load_entry(entries[2]).W_dec)
+    # replicate 0 is the sweep of one seed, found again as it is
+    alone = run_sweep(
+        store, tmp_path / "run", dataclasses.replace(cfg, sae_seeds=1), progress=False
+    )
+    assert [e.name for e in alone] == ["topk-w16", "topk-w32"] and all(e.reused for e in alone)

@@ -102,12 +102,13 @@ def sigma_estimate(reading, erank, pr, iv, n_tokens=8192, probes=1, warning=None
     }
 
 
-def fit(kappa, params, aic, iv, width_95, at_bound=None):
-    """One form's row of KappaEstimate.to_dict()['fits']."""
+def fit(kappa, params, aic, iv, width_95, at_bound=None, aicc=None):
+    """One form's row of KappaEstimate.to_dict()['fits'] (aicc: aic + 10 by default)."""
     return {
         "kappa": kappa,
         "params": params,
         "aic": aic,
+        "aicc": aic + 10 if aicc is None else aicc,
         "interval_95": iv,
         "width_95": width_95,
         "at_bound": at_bound,
@@ -127,6 +128,7 @@ def kappa_estimate(fits, form, iv, kappa_max, n_last):
         "fits": fits,
         "form_frequency": {"exponential": 0.215, "hyperbolic": 0.67, "lomax": 0.115},
         "kappa_max": kappa_max,
+        "criterion": "aicc",
         "kappa_over_d": chosen["kappa"] / D,
         "coverage": n_last / chosen["kappa"],
     }
@@ -160,6 +162,12 @@ def width_row(width, n_repr, n_causal, l0, fve, dead, ce, n_repr_95, n_causal_95
         "atp_max": 0.0123,
         "n_causal_95": n_causal_95,
         "n_repr_95": n_repr_95,
+        "atp_total": 0.5 * n_causal * 3.2109e-05 + 0.01,
+        "markov_ceiling": (0.5 * n_causal * 3.2109e-05 + 0.01) / 3.2109e-05,
+        "median_firings_eval": 8192 * 32 / width / 2,
+        "median_firings_train": 3 * 57344 * 32 / width / 2,
+        "top_firing_rate": 0.25 * 1024 / width,
+        "n_causal_other": 2 * n_causal,
     }
 
 
@@ -198,6 +206,51 @@ def architecture(binds=True):
             "n_causal_growth": 7.3415,
             "n_repr_loglog_slope": 0.9589,
             "n_causal_loglog_slope": 1.4372,
+            "n_repr_loglog_widths": 3,
+            "n_causal_loglog_widths": 3,
+            "widths": 3,
+            "n_causal_growth_95": [5.9, 8.8],
+        },
+        "normalisation": "all",
+        "seeds": 1,
+        "estimable": True,
+        "not_estimable": None,
+        "regime": {
+            "reference_over_d": 1024 / D,
+            "widest_over_d": 4096 / D,
+            "paper_reference_over_d": 16384 / 2304,
+            "paper_widest_over_d": 1048576 / 2304,
+        },
+        "sensitivity": {
+            "normalisation": "firing",
+            "epsilon": 0.0123,
+            "n_causal": [82, 234, 602],
+            "n_causal_growth": 602 / 82,
+        },
+        "splits": [
+            {
+                "width": w,
+                "parents": 41,
+                "best_cosine": c,
+                "children": n,
+                "top_child_share": share,
+                "children_firings_over_parent": kept,
+            }
+            for w, c, n, share, kept in (
+                (2048, 0.93, 2.0, 0.61, 0.98),
+                (4096, 0.88, 3.0, 0.45, 0.97),
+            )
+        ],
+        "attributed": {
+            "per_width": [
+                {"width": 1024, "erank": 101.2, "erank_95": [95.1, 108.3]},
+                {"width": 2048, "erank": 120.4, "erank_95": [112.0, 129.9]},
+                {"width": 4096, "erank": 126.6, "erank_95": [118.2, 135.5]},
+            ],
+            "widest": 126.6,
+            "widest_95": [118.2, 135.5],
+            "change_at_widest": 126.6 / 120.4 - 1,
+            "resamples": 50,
         },
         "kappa": {
             "free": kappa_estimate(FREE_FITS, "hyperbolic", [311.2, 698.4], None, 301),
@@ -392,7 +445,7 @@ def test_headline_quotes_the_fits_the_direct_estimates_and_the_wedge():
     md = text(headline, results=make_results())
     assert "## Headline" in md
     assert (
-        "- SAE estimate (topk, hyperbolic fit chosen by AIC): kappa_hat = 433, 95% bootstrap "
+        "- SAE estimate (topk, hyperbolic fit chosen by AICc): kappa_hat = 433, 95% bootstrap "
         "interval [311, 698]; kappa_hat / d = 0.75; coverage at the widest SAE "
         "N_causal(m_max) / kappa_hat = 69.6%; 95% of kappa_hat is reached at width 9,880."
     ) in md
@@ -411,7 +464,13 @@ def test_headline_quotes_the_fits_the_direct_estimates_and_the_wedge():
     assert "activations" not in md  # a reference, not an estimate
     assert (
         "- The wedge over x4 in width: N_repr grows x3.78 (log-log slope 0.96), N_causal "
-        "x7.34 (slope 1.44); at the widest SAE 92.1% of firing features fall below epsilon."
+        "x7.34 [5.90, 8.80] (log-log slope 1.44); at the widest SAE 92.1% of firing features "
+        "fall below epsilon. With AtP averaged over the firing tokens instead of the all "
+        "ones, N_causal grows x7.34 (82 -> 234 -> 602)."
+    ) in md
+    assert (
+        "- Split-robust SAE estimate (erank of E[v v^T], v = g seen through the active features): "
+        "127 [118, 136] at the widest SAE, +5.1% from the second widest."
     ) in md
 
 
@@ -435,10 +494,16 @@ def test_beside_paper_sets_each_number_of_the_run_beside_the_papers():
     for row in (
         "| width ratio of the sweep | x4 | x64 |",
         "| N_repr growth | x3.78 | x15.6 |",
-        "| N_causal growth | x7.34 | x4.35 |",
+        "| reference width / d | 1.78 | 7.1 |",
+        "| widest width / d | 7.1 | 455 |",
+        "| N_causal growth (AtP over all tokens) | x7.34 | x4.35 |",
+        "| N_causal growth (AtP over firing tokens) | x7.34 |  |",
         "| firing features below epsilon (widest SAE) | 92.1% | 97.9% |",
+        "| total attribution A / epsilon (Markov ceiling on N_causal), widest | 462 |  |",
         "| kappa_hat [95% CI] | 433 [311, 698] | 1,990 [545, 5,130] |",
         "| kappa_hat / d | 0.75 | 0.86 |",
+        "| split-robust SAE estimate (widest) [95% CI] | 127 [118, 136] |  |",
+        "| direct kappa (erank, logits, corrected) | 258 |  |",
         "| kappa_PR (direct, logits, unbiased) | 94.7 | 280 |",
         "| coverage at the widest SAE | 69.6% | 72.0% |",
         "| width for (95%) recovery | 9,880 | 2,600,000 |",
@@ -474,17 +539,22 @@ def test_sweeps_show_the_calibration_and_every_width():
 
 def test_sweeps_with_a_binding_constraint_give_two_fit_tables():
     md = text(sweeps, results=make_results())
-    assert "Saturating fits (free); chosen by AIC: hyperbolic." in md
-    assert "Saturating fits (kappa <= d); chosen by AIC: hyperbolic." in md
+    chosen = "every form side by side; chosen by AICc: hyperbolic."
+    assert f"Saturating fits (free), {chosen}" in md
+    assert f"Saturating fits (kappa <= d), {chosen}" in md
     assert "binds no fit" not in md
-    header = "| form | kappa_hat | 95% CI | AIC | width for 95% | won in resamples | note |"
+    header = "| form | kappa_hat | 95% CI | AICc | AIC | width for 95% | won in resamples | note |"
     assert md.count(header) == 2
     free, bounded = md.split("Saturating fits (kappa <= d)")
-    assert "| exponential | 318 | [280, 372] | 14.52 | 4,201 | 21.5% |  |" in free
-    assert "| hyperbolic | 433 | [311, 698] | 9.87 | 9,880 | 67.0% |  |" in free
-    assert "| lomax | 4,321 | [350, 9,999] | 11.03 | 2,500,000 | 11.5% | a at its bound |" in free
+    assert "| exponential | 318 | [280, 372] | 24.52 | 14.52 | 4,201 | 21.5% |  |" in free
+    assert "| hyperbolic | 433 | [311, 698] | 19.87 | 9.87 | 9,880 | 67.0% |  |" in free
     assert (
-        "| lomax | 576 | [350, 576] | 11.91 | 2,100,000 | 11.5% | kappa at its bound |" in bounded
+        "| lomax | 4,321 | [350, 9,999] | 21.03 | 11.03 | 2,500,000 | 11.5% | a at its bound |"
+        in free
+    )
+    assert (
+        "| lomax | 576 | [350, 576] | 21.91 | 11.91 | 2,100,000 | 11.5% | kappa at its bound |"
+        in bounded
     )
     assert "4,321" not in bounded
 
@@ -492,10 +562,51 @@ def test_sweeps_with_a_binding_constraint_give_two_fit_tables():
 def test_sweeps_with_a_constraint_that_binds_no_fit_give_one_table():
     results = make_results(sweep={"topk": architecture(binds=False)})
     md = text(sweeps, results=results)
-    assert "Saturating fits (free); chosen by AIC: hyperbolic." in md
+    assert "Saturating fits (free), every form side by side; chosen by AICc: hyperbolic." in md
     assert "The constraint kappa <= d = 576 binds no fit: the same table holds." in md
     assert "Saturating fits (kappa <= d)" not in md
     assert md.count("| form | kappa_hat |") == 1
+
+
+def test_a_sweep_whose_counts_do_not_grow_gives_no_kappa_hat_but_the_reason():
+    results = make_results()
+    a = results["sweep"]["topk"]
+    reason = "N_causal does not grow with width (x0.33 over the sweep)"
+    a.update(estimable=False, not_estimable=reason, warnings=[])
+    md = text(headline, beside_paper, sweeps, results=results)
+    assert f"- SAE estimate (topk): kappa_hat not estimable: {reason}." in md
+    assert f"kappa_hat is not estimable: {reason}." in md
+    assert "| kappa_hat [95% CI] | not estimable | 1,990 [545, 5,130] |" in md
+    assert "| kappa_hat / d | n/a | 0.86 |" in md
+    assert "kappa_hat = 433" not in md and "Constrained to kappa <= d" not in md
+    assert summary(results).splitlines()[1] == f"kappa_hat: not estimable ({reason})"
+
+
+def test_sweeps_diagnose_the_estimator_and_the_splits():
+    md = text(sweeps, results=make_results())
+    assert "The reference width is 1.78 d and the widest 7.1 d (the paper: 7.1 d and 455 d)" in md
+    assert (
+        "| width | A | A / epsilon | N_causal | N_causal' | firings (train) | firings (eval) | "
+        "top 2% rate | kappa_SAE [95%] |"
+    ) in md
+    assert "| 1,024 | 0.011 | 332 | 41 | 82 | 2,688 | 128 | 25.0% | 101 [95, 108] |" in md
+    assert "How the reference's 41 causal features split" in md
+    assert "| 4,096 | 0.88 | 3.0 | 45.0% | 0.97 |" in md
+    assert "N_causal per seed" not in md
+    results = make_results()
+    a = results["sweep"]["topk"]
+    a["seeds"] = 3
+    for r in a["per_width"]:
+        r["n_causal_seeds"] = [r["n_causal"], r["n_causal"] + 1, r["n_causal"] - 2]
+    md = text(sweeps, results=results)
+    assert "3 trainings per width" in md and "| 41, 42, 39 |" in md
+
+
+def test_the_slope_says_how_many_widths_it_rests_on():
+    results = make_results()
+    results["sweep"]["topk"]["wedge"]["n_causal_loglog_widths"] = 2
+    md = text(headline, results=results)
+    assert "(log-log slope 1.44, from 2 of 3 widths (zero counts left out))" in md
 
 
 def test_every_architecture_gets_its_own_sweep_section():
@@ -523,7 +634,12 @@ def without_bootstrap() -> dict:
         k["coverage"] = math.nan
         for f in k["fits"].values():
             f["interval_95"] = [math.nan, math.nan]
-    a["wedge"].update(n_repr_growth=None, n_causal_growth=None, n_causal_loglog_slope=None)
+    a["wedge"].update(
+        n_repr_growth=None,
+        n_causal_growth=None,
+        n_causal_loglog_slope=None,
+        n_causal_growth_95=None,
+    )
     del results["sigma"]["loss"], results["sigma"]["logits"]
     for est in results["sigma"].values():
         est["bootstrap"] = None
@@ -546,14 +662,14 @@ def test_missing_values_render_as_na():
     ) in md
     (wedge,) = lines_with(md, "The wedge over x4")
     assert "N_repr grows" in wedge and "(log-log slope 0.96)" in wedge
-    assert wedge.count("n/a") == 3  # two growth ratios and one slope
+    assert wedge.count("n/a") == 4  # two growth ratios, an interval and one slope
     assert "| kappa_hat [95% CI] | 433 [n/a] | 1,990 [545, 5,130] |" in md
     assert "| kappa_PR (direct, fisher, unbiased) | 79.9 | 280 |" in md
     assert "| coverage at the widest SAE | n/a | 72.0% |" in md
     assert "| width for (95%) recovery | n/a | 2,600,000 |" in md
     assert "95% interval [n/a]); 8,192 eval tokens in 32 blocks, 0 bootstrap resamples" in md
     assert "| 1,024 | 1,010 | [n/a] | 41 | [n/a] | 95.9% | n/a | n/a | n/a | n/a |" in md
-    assert "| hyperbolic | 433 | [n/a] | 9.87 | 9,880 | n/a |  |" in md
+    assert "| hyperbolic | 433 | [n/a] | 19.87 | 9.87 | 9,880 | n/a |  |" in md
     assert (
         "| fisher | 232 | [n/a] | 0.403 | 79.9 | [n/a] | 210.9 [n/a] | 66.6 | 2,048 | 8,192 |" in md
     )
@@ -637,14 +753,17 @@ def test_sigma_table_writes_a_missing_interval_as_na():
 
 def test_summary_is_the_few_lines_printed_at_the_end():
     assert summary(make_results()).splitlines() == [
-        "topk sweep 1024..4096: N_repr x3.78, N_causal x7.34 over x4 in width; epsilon 3.21e-05",
-        "kappa_hat 433 [311, 698] (hyperbolic), kappa_hat/d 0.75, coverage 69.6%; constrained "
-        "to d: 433 [311, 576]",
+        "topk sweep 1024..4096: N_repr x3.78, N_causal x7.34 over x4 in width (AtP over all "
+        "tokens; over firing tokens: x7.34); epsilon 3.21e-05",
+        "kappa_hat 433 [311, 698] (hyperbolic, by AICc), kappa_hat/d 0.75, coverage 69.6%; "
+        "constrained to d: 433 [311, 576]",
+        "split-robust SAE estimate (erank of E[v v^T], v = g seen through the active "
+        "features): 127 [118, 136] at the widest SAE, +5.1% from the second widest",
         *[f"warning: {w}" for w in WARNINGS],
     ]
     results = make_results()
     results["sweep"]["topk"]["warnings"] = []
-    assert len(summary(results).splitlines()) == 2
+    assert len(summary(results).splitlines()) == 3
     lines = summary(without_bootstrap()).splitlines()
     assert "[n/a]" in lines[1] and "coverage n/a" in lines[1]
 

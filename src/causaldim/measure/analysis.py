@@ -1,6 +1,9 @@
 """The paper's numbers from the scores of one sweep: epsilon, N_repr and N_causal per width
 with bootstrap intervals, the wedge, AtP distributions, and kappa_hat (free and kappa <= d)
-with its coverage, the width at which it is reached, and warnings where it cannot be trusted."""
+with its coverage, the width at which it is reached, whether it is estimable at all, and
+warnings where it cannot be trusted; beside them the diagnostics of the estimator
+(diagnose.py), the other AtP normalisation, and the split-robust estimate (attributed.py).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,9 @@ import math
 
 import torch
 
-from ..config import AnalysisConfig
+from ..config import ATP_NORMALISATIONS, AnalysisConfig
+from ..paper import PAPER
+from . import attributed, diagnose
 from .counts import calibrate, counts, resampled_counts, wedge
 from .fit import estimate_kappa
 from .score import Scores
@@ -38,15 +43,20 @@ def analyze(
     d_model: int,
     cfg: AnalysisConfig,
     seed: int = 0,
+    decoders: dict[int, torch.Tensor] | None = None,
+    replicates: dict[int, list[Scores]] | None = None,
 ) -> dict:
-    """Everything the report says about one architecture's sweep, as plain data."""
+    """Everything the report says about one architecture's sweep, as plain data. With the
+    SAEs' decoders, also how the reference's features split; with replicates (other
+    trainings of the widths), intervals that carry the training's variance."""
     widths = sorted(scores)
     reference = cfg.reference_width or widths[0]
     epsilon = calibrate(scores[reference].atp, cfg.percentile)
     per_width = counts(scores, epsilon)
     boot = None
     if cfg.bootstrap:
-        boot = resampled_counts(scores, reference, cfg.percentile, cfg.bootstrap, seed)
+        boot = resampled_counts(scores, reference, cfg.percentile, cfg.bootstrap, seed, replicates)
+    other = sensitivity(scores, reference, cfg.percentile)
     rows = []
     for j, m in enumerate(widths):
         ev = evals.get(m, {})
@@ -59,7 +69,12 @@ def analyze(
             "ce_loss_recovered": ev.get("ce_loss_recovered"),
             "atp_histogram": atp_histogram(scores[m].atp, epsilon),
             "atp_max": float(scores[m].atp.max()),
+            **diagnose.per_width(scores[m], epsilon, ev.get("train_firings")),
+            "n_causal_other": other["n_causal"][j],
         }
+        if replicates:  # every training's count at the point epsilon: the seeds' spread
+            trainings = [scores[m], *replicates.get(m, [])]
+            row["n_causal_seeds"] = [int((t.atp > epsilon).sum()) for t in trainings]
         if boot is not None:
             row["n_causal_95"] = interval_95(boot["n_causal"][:, j])
             row["n_repr_95"] = interval_95(boot["n_repr"][:, j])
@@ -75,35 +90,94 @@ def analyze(
             "coverage": n_causal[-1] / est.kappa if est.kappa > 0 else math.nan,
         }
     growth = wedge(per_width)
+    growth_95 = _growth_interval(boot)
+    reason = not_estimable(widths, growth["n_causal_growth"], growth_95)
     return {
         "reference_width": reference,
         "percentile": cfg.percentile,
+        "normalisation": scores[reference].normalisation,
+        "seeds": 1 + max((len(r) for r in (replicates or {}).values()), default=0),
         "epsilon": epsilon,
         "epsilon_95": [] if boot is None else interval_95(boot["epsilon"]),
         "n_eval_tokens": scores[reference].n_tokens,
         "blocks": len(scores[reference].tokens),
         "bootstrap": cfg.bootstrap,
         "per_width": rows,
-        "wedge": growth,
+        "wedge": {**growth, "n_causal_growth_95": growth_95},
+        "estimable": reason is None,
+        "not_estimable": reason,
         "kappa": kappa,
         # whether kappa <= d changes any form's fit (else one table says both)
         "constraint_binds": any(
             kappa["free"]["fits"][f]["kappa"] != kappa["at_most_d"]["fits"][f]["kappa"]
             for f in kappa["free"]["fits"]
         ),
-        "warnings": _warnings(widths, n_causal, growth, kappa, d_model),
+        "regime": {
+            "reference_over_d": reference / d_model,
+            "widest_over_d": widths[-1] / d_model,
+            "paper_reference_over_d": PAPER["reference_width"] / PAPER["d_model"],
+            "paper_widest_over_d": PAPER["widest_width"] / PAPER["d_model"],
+        },
+        "sensitivity": other,
+        "splits": None
+        if decoders is None
+        else diagnose.splits(
+            scores[reference],
+            decoders[reference],
+            epsilon,
+            {m: (scores[m], decoders[m]) for m in widths if m > reference},
+        ),
+        "attributed": attributed.estimate(scores, min(cfg.bootstrap, attributed.RESAMPLES), seed),
+        "warnings": _warnings(widths, n_causal, growth, kappa, d_model, reason is None),
     }
 
 
-def _warnings(widths, n_causal, growth, kappa, d_model) -> list[str]:
-    out = []
+def sensitivity(scores: dict[int, Scores], reference: int, percentile: float) -> dict:
+    """The counts under the other AtP normalisation, calibrated the same way: free from
+    the same scores, so the report always shows how much the choice moves the wedge."""
+    other = next(n for n in ATP_NORMALISATIONS if n != scores[reference].normalisation)
+    rescored = {m: s.normalised(other) for m, s in scores.items()}
+    epsilon = calibrate(rescored[reference].atp, percentile)
+    per_width = counts(rescored, epsilon)
+    n_causal = [per_width[m]["n_causal"] for m in sorted(scores)]
+    return {
+        "normalisation": other,
+        "epsilon": epsilon,
+        "n_causal": n_causal,
+        "n_causal_growth": n_causal[-1] / n_causal[0] if n_causal[0] else None,
+    }
+
+
+def _growth_interval(boot: dict | None) -> list[float] | None:
+    """95% interval of N_causal(widest) / N_causal(smallest) over the resamples."""
+    if boot is None:
+        return None
+    first, last = boot["n_causal"][:, 0], boot["n_causal"][:, -1]
+    ratios = last[first > 0] / first[first > 0]
+    return interval_95(ratios) or None
+
+
+def not_estimable(widths, growth: float | None, growth_95: list[float] | None) -> str | None:
+    """Why kappa_hat is not to be read as a number, or None: a saturating curve's asymptote
+    means something only where N_causal grows, and grows beyond its noise."""
     if len(widths) < 4:
-        out.append(f"only {len(widths)} widths: a saturating fit needs at least 4 to mean much")
-    if growth["n_causal_growth"] is not None and growth["n_causal_growth"] <= 1.0:
-        out.append(
-            f"N_causal does not grow with width ({n_causal[0]} -> {n_causal[-1]}): the fits "
-            "describe a level, not an asymptote, and kappa_hat is not a causal dimensionality"
+        return f"only {len(widths)} widths: a saturating fit needs at least 4"
+    if growth is None:
+        return "N_causal is 0 at the smallest width: no growth to fit"
+    if growth <= 1.0:
+        return f"N_causal does not grow with width (x{growth:.2f} over the sweep)"
+    if growth_95 and growth_95[0] <= 1.0:
+        return (
+            f"N_causal's growth x{growth:.2f} is within its noise (95% interval "
+            f"[{growth_95[0]:.2f}, {growth_95[1]:.2f}] reaches 1)"
         )
+    return None
+
+
+def _warnings(widths, n_causal, growth, kappa, d_model, estimable: bool) -> list[str]:
+    out = []
+    if not estimable:  # the reason is the headline's; the fits only describe a level
+        return out
     free = kappa["free"]
     if free["at_bound"] == "kappa":
         out.append("the free fit did not saturate: kappa_hat ran to the edge of its search range")

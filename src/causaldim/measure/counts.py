@@ -37,8 +37,12 @@ def wedge(per_width: dict[int, dict]) -> dict:
     widths = sorted(per_width)
     lo, hi = per_width[widths[0]], per_width[widths[-1]]
 
+    def points(key: str) -> list[tuple[float, float]]:
+        """(log m, log count) where the count is not 0 (log 0 is not a point)."""
+        return [(math.log(w), math.log(per_width[w][key])) for w in widths if per_width[w][key]]
+
     def slope(key: str) -> float | None:
-        pts = [(math.log(w), math.log(per_width[w][key])) for w in widths if per_width[w][key]]
+        pts = points(key)
         if len(pts) < 2:
             return None
         mx = sum(x for x, _ in pts) / len(pts)
@@ -54,24 +58,41 @@ def wedge(per_width: dict[int, dict]) -> dict:
         "n_causal_growth": ratio("n_causal"),
         "n_repr_loglog_slope": slope("n_repr"),
         "n_causal_loglog_slope": slope("n_causal"),
+        # widths the slopes rest on: those with a zero count are left out, and said so
+        "n_repr_loglog_widths": len(points("n_repr")),
+        "n_causal_loglog_widths": len(points("n_causal")),
+        "widths": len(widths),
     }
 
 
 def resampled_counts(
-    scores: dict[int, Scores], reference: int, percentile: float, resamples: int, seed: int = 0
+    scores: dict[int, Scores],
+    reference: int,
+    percentile: float,
+    resamples: int,
+    seed: int = 0,
+    replicates: dict[int, list[Scores]] | None = None,
 ) -> dict[str, np.ndarray]:
     """The bootstrap of the counts: eval-sequence blocks drawn with replacement, then every
     width re-scored from its per-block sums, epsilon re-calibrated on the reference width,
-    and N_causal and N_repr re-counted. Arrays are [resamples, widths] in width order."""
+    and N_causal and N_repr re-counted. With replicates (the same widths trained again
+    with other seeds), each resample also draws one training per width, so that the
+    intervals carry the training's variance. Arrays are [resamples, widths] in width
+    order."""
     widths = sorted(scores)
     blocks = len(scores[reference].tokens)
     gen = torch.Generator().manual_seed(seed)
+    trainings = {m: [scores[m], *(replicates or {}).get(m, [])] for m in widths}
     n_causal = np.zeros((resamples, len(widths)))
     n_repr = np.zeros((resamples, len(widths)))
     epsilon = np.zeros(resamples)
     for r in range(resamples):
         w = torch.bincount(torch.randint(0, blocks, (blocks,), generator=gen), minlength=blocks)
-        resampled = {m: scores[m].resample(w) for m in widths}
+        picked = {
+            m: t[int(torch.randint(0, len(t), (1,), generator=gen))] if len(t) > 1 else t[0]
+            for m, t in trainings.items()
+        }
+        resampled = {m: picked[m].resample(w) for m in widths}
         epsilon[r] = eps = calibrate(resampled[reference][0], percentile)
         for j, m in enumerate(widths):
             atp, fired = resampled[m]

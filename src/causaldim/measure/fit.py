@@ -1,4 +1,4 @@
-"""kappa_hat: saturating curves fitted to N_causal(m), chosen by AIC, with bootstrap intervals.
+"""kappa_hat: saturating curves fitted to N_causal(m), chosen by AICc, with bootstrap intervals.
 
 Forms (m = SAE width, kappa = the asymptote):
   exponential  kappa (1 - exp(-m / m0))
@@ -6,7 +6,15 @@ Forms (m = SAE width, kappa = the asymptote):
   lomax        kappa (1 - (1 + m / m0)^-a)   shape a; a = 1 is hyperbolic, a -> inf with
                                                m0 / a fixed is exponential
 
-Least squares with Poisson-like weights (residual / sqrt(count)); AIC = n log(RSS / n) + 2p.
+Least squares with Poisson-like weights (residual / sqrt(count)). The form is chosen by
+AICc = n log(RSS / n) + 2p + 2p(p + 1) / (n - p - 1), p the curve's parameters: a sweep
+has 4 to 8 widths, where plain AIC gives the 3-parameter lomax too many wins. On
+simulated Poisson sweeps of 8 widths (tests/measure/test_fit.py) AICc finds the true
+exponential or hyperbolic form about 90% and 80% of the time (AIC: 88% and 67%), and a
+true lomax rarely (AIC: half the time); at 5 widths no criterion does much better than
+a coin between the two 2-parameter forms, and lomax is never chosen. AICc is undefined
+at n <= p + 1: such a form is not chosen, and where no form has it (n <= 3) the choice
+falls back to AIC.
 kappa enters linearly, so for each value of the other parameters its best value is closed
 form (clamped to its bounds): a fine log grid over the other parameters, evaluated for all
 bootstrap resamples at once, finds each resample's optimum; the point estimate is then
@@ -62,6 +70,7 @@ class Fit(NamedTuple):
     params: dict  # the form's other parameters
     rss: float  # weighted residual sum of squares
     aic: float
+    aicc: float  # inf where n <= p + 1
     width_95: float  # width at which the curve reaches 95% of kappa
     at_bound: str | None  # a parameter that ended on the search box: not identified
 
@@ -91,6 +100,10 @@ def _aic(rss: float, n: int, p: int) -> float:
     return n * math.log(max(rss, 1e-300) / n) + 2 * p
 
 
+def _aicc(rss: float, n: int, p: int) -> float:
+    return _aic(rss, n, p) + 2 * p * (p + 1) / (n - p - 1) if n > p + 1 else math.inf
+
+
 def _make_fit(form, kappa, theta, rss, n, box, kappa_bounds) -> Fit:
     spec = FORMS[form]
     values = np.exp(theta)
@@ -108,6 +121,7 @@ def _make_fit(form, kappa, theta, rss, n, box, kappa_bounds) -> Fit:
         dict(zip(spec.params, values.tolist(), strict=True)),
         float(rss),
         _aic(rss, n, 1 + len(spec.params)),
+        _aicc(rss, n, 1 + len(spec.params)),
         float(spec.width_at(0.95, *values)),
         at_bound,
     )
@@ -170,12 +184,18 @@ def fit_form(
     return _make_fit(form, math.exp(r.x[0]), r.x[1:], 2 * r.cost, len(m), box, (k_lo, k_hi))
 
 
+def criterion(fits: dict[str, Fit]) -> str:
+    """ "aicc", or "aic" where no form has an AICc (too few widths)."""
+    return "aicc" if any(math.isfinite(f.aicc) for f in fits.values()) else "aic"
+
+
 def best_form(fits: dict[str, Fit]) -> str:
-    return min(fits, key=lambda f: fits[f].aic)
+    by = criterion(fits)
+    return min(fits, key=lambda f: getattr(fits[f], by))
 
 
 class KappaEstimate(NamedTuple):
-    form: str  # chosen by AIC on the point estimate
+    form: str  # chosen by AICc (criterion) on the point estimate
     kappa: float
     interval_95: tuple[float, float]  # percentile interval; the form is re-chosen per resample
     width_95: float
@@ -183,6 +203,7 @@ class KappaEstimate(NamedTuple):
     fits: dict  # form -> {kappa, params, aic, interval_95, width_95, at_bound}
     form_frequency: dict  # how often each form won among the resamples
     kappa_max: float | None  # the constraint, if any
+    criterion: str  # "aicc", or "aic" where too few widths give no form an AICc
 
     def to_dict(self) -> dict:
         return self._asdict()
@@ -202,7 +223,7 @@ def estimate_kappa(
 ) -> KappaEstimate:
     """Every form fitted to counts; 95% intervals from refitting each resampled count row.
 
-    The chosen form's interval re-chooses the form by AIC inside every resample, so that it
+    The chosen form's interval re-chooses the form by AICc inside every resample, so that it
     carries the uncertainty of the choice as well as that of the counts.
     """
     fits = {f: fit_form(f, widths, counts, kappa_max) for f in FORMS}
@@ -222,6 +243,7 @@ def estimate_kappa(
             "kappa": fit.kappa,
             "params": fit.params,
             "aic": fit.aic,
+            "aicc": fit.aicc if math.isfinite(fit.aicc) else None,
             "interval_95": _interval(per_form[f]),
             "width_95": fit.width_95,
             "at_bound": fit.at_bound,
@@ -238,4 +260,5 @@ def estimate_kappa(
         table,
         frequency,
         kappa_max,
+        criterion(fits),
     )

@@ -26,12 +26,13 @@ class Measurement(NamedTuple):
     """Everything measured at one layer from its store; per architecture, then width."""
 
     sigma: dict  # reading -> SigmaEstimate
-    entries: list[SweepEntry]
+    entries: list[SweepEntry]  # the sweep's SAEs (replicate 0 of each width)
     saes: dict[str, dict[int, SAE]]
     scores: dict[str, dict[int, Scores]]
     evals: dict[str, dict[int, dict]]
     analysis: dict[str, dict]
     ce: dict | None
+    replicates: list[SweepEntry] = []  # the same widths trained again (--sae-seeds)
 
     def sigma_dicts(self) -> dict:
         """The Sigma estimates as results.json holds them."""
@@ -65,9 +66,11 @@ def measure_layer(
     executor = executor or LocalExecutor()
     device = resolve_device(executor.device)  # under Ray, the driver's
     sigma = timed("sigma", lambda: measure(store, analysis_cfg, seed, device))
-    entries = timed(
+    trained = timed(
         "sweep", lambda: sweep_saes(store, out, sweep_cfg, seed, progress, repair, executor)
     )
+    entries = [e for e in trained if e.replicate == 0]
+    replicates = [e for e in trained if e.replicate > 0]
     named = load_entries(entries)
     ce = None
     if sweep_cfg.ce_sequences and load_lm is not None:
@@ -81,15 +84,21 @@ def measure_layer(
             str(e.folder),
             analysis_cfg.blocks,
             analysis_cfg.read_tokens,
-            str(out / "scores" / f"{e.architecture}-w{e.width}.safetensors"),
+            str(out / "scores" / f"{e.name}.safetensors"),
         )
-        for e in entries
+        for e in [*entries, *replicates]
     ]
-    scored = [load_scores(p) for p in executor.map(score_job, jobs, "AtP scores", progress)]
+    scored = [
+        load_scores(p).normalised(analysis_cfg.atp_normalisation)
+        for p in executor.map(score_job, jobs, "AtP scores", progress)
+    ]
+    again: dict[str, dict[int, list[Scores]]] = {}
+    for e, s in zip(replicates, scored[len(entries) :], strict=True):
+        again.setdefault(e.architecture, {}).setdefault(e.width, []).append(s)
     for e, (name, sae), s in zip(entries, named.items(), scored, strict=True):
         scores.setdefault(e.architecture, {})[e.width] = s
         saes.setdefault(e.architecture, {})[e.width] = sae
-        ev = dict(e.meta["eval"])
+        ev = {**e.meta["eval"], "train_firings": e.meta["train_stats"].get("firings")}
         if ce is not None:
             ev["ce_loss_recovered"] = ce["saes"][name]["ce_loss_recovered"]
         evals.setdefault(e.architecture, {})[e.width] = ev
@@ -97,8 +106,16 @@ def measure_layer(
     analysis = timed(
         "analysis",
         lambda: {
-            arch: analyze(scores[arch], evals[arch], store.d_model, analysis_cfg, seed)
+            arch: analyze(
+                scores[arch],
+                evals[arch],
+                store.d_model,
+                analysis_cfg,
+                seed,
+                {m: sae.W_dec for m, sae in saes[arch].items()},
+                again.get(arch),
+            )
             for arch in scores
         },
     )
-    return Measurement(sigma, entries, saes, scores, evals, analysis, ce)
+    return Measurement(sigma, entries, saes, scores, evals, analysis, ce, replicates)

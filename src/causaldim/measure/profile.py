@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
+from tqdm.auto import tqdm
 
 from ..config import AnalysisConfig
 from ..errors import UsageError
@@ -107,13 +108,17 @@ class Accumulator:
 
 
 def estimates(
-    acc: Accumulator, cfg: AnalysisConfig, seed: int, probes: dict[str, int]
+    acc: Accumulator,
+    cfg: AnalysisConfig,
+    seed: int,
+    probes: dict[str, int],
+    progress: bool = False,
 ) -> dict[int, dict[str, SigmaEstimate]]:
     """Each layer's estimates, as sigma.measure makes them (the seeds alike) with the
     profile's blocks, resamples and debias.LIGHT; each layer's sums freed once used."""
     light = replace(cfg, blocks=acc.blocks, bootstrap=cfg.profile_bootstrap)
     out = {}
-    for layer in acc.layers:
+    for layer in tqdm(acc.layers, desc="profile", unit="layer", disable=not progress):
         sums = acc.sums.pop(layer)
         out[layer] = {
             r: estimate(r, s, light, seed + k, probes.get(r, 1), debias.LIGHT)

@@ -5,6 +5,10 @@ a token is f_i (g . d_i). No model is loaded.
 AtP_i = E_tokens |f_i (g . d_i)| (silent tokens contribute 0), with firing counts; the
 last position of each sequence (it predicts nothing, g = 0) and outliers are left out.
 Sums are kept per block of eval sequences, so that the counts can be bootstrapped.
+
+Two normalisations of the same sums (config.ATP_NORMALISATIONS): "all", the mean over every scored
+token (the paper's formula as written: a feature that fires rarely scores low), and
+"firing", the mean over the tokens where the feature fires (its effect when present).
 """
 
 from __future__ import annotations
@@ -24,12 +28,23 @@ from ..memory import dense_batch_tokens
 from ..sae import SAE
 from ..sae.formats import load
 
+VV_GROUPS = 16
+
 
 class Scores(NamedTuple):
     atp_sums: torch.Tensor  # [blocks, width] float64: sum over tokens of |f_i (g . d_i)|
     fired_counts: torch.Tensor  # [blocks, width]: tokens on which feature i fired
     tokens: torch.Tensor  # [blocks] tokens scored
     active: torch.Tensor  # [blocks] sum over tokens of the number of active features
+    # [groups, d, d] float64: sum over tokens of v v^T, v = sum_i f_i (g . d_i) d_i, the
+    # loss gradient seen through the active features (attributed.py), in at most
+    # VV_GROUPS groups of consecutive blocks (d x d each: the bootstrap needs a few, and
+    # 64 of them at d = 2,304 would be 2.7 GB); empty if not scored
+    vv_sums: torch.Tensor = torch.zeros(0)
+    normalisation: str = "all"  # what `atp` divides the sums by (not saved: a reading)
+
+    def normalised(self, normalisation: str) -> Scores:
+        return self._replace(normalisation=normalisation)
 
     @property
     def n_tokens(self) -> int:
@@ -37,7 +52,8 @@ class Scores(NamedTuple):
 
     @property
     def atp(self) -> torch.Tensor:
-        """[width] mean |f_i (g . d_i)| over the scored tokens."""
+        """[width] mean |f_i (g . d_i)| over the scored tokens, or over those where
+        feature i fires (normalisation "firing"; 0 where it never does)."""
         return self.resample()[0]
 
     @property
@@ -58,8 +74,10 @@ class Scores(NamedTuple):
         if weights is None:
             weights = torch.ones(len(self.tokens), dtype=torch.float64, device="cpu")
         w = weights.double()
-        atp = (w @ self.atp_sums) / max(float(w @ self.tokens.double()), 1.0)
-        return atp, w @ self.fired_counts.to(w.dtype)  # no copy: scoring stores float64
+        fired = w @ self.fired_counts.to(w.dtype)  # no copy: scoring stores float64
+        if self.normalisation == "firing":
+            return (w @ self.atp_sums) / fired.clamp_min(1.0), fired
+        return (w @ self.atp_sums) / max(float(w @ self.tokens.double()), 1.0), fired
 
 
 def require_gradients(store: Store) -> None:
@@ -78,6 +96,8 @@ def atp_scores(sae: SAE, store: Store, blocks: int = 32, batch_tokens: int = 409
     width, device = sae.cfg.width, sae.b_dec.device
     blocks = store.blocks("eval", blocks)
     atp = torch.zeros(blocks, width, dtype=torch.float64, device=device)
+    d, groups = sae.cfg.d_in, min(blocks, VV_GROUPS)
+    vv = torch.zeros(groups, d, d, dtype=torch.float64, device=device)
     # exact counts, ready for resampling
     fired = torch.zeros(blocks, width, dtype=torch.float64, device=device)
     tokens = torch.zeros(blocks, dtype=torch.long, device="cpu")
@@ -89,19 +109,23 @@ def atp_scores(sae: SAE, store: Store, blocks: int = 32, batch_tokens: int = 409
         h, g = batch["h"][keep].to(device), batch["g"][keep].to(device)
         block_of = store.block_of("eval", batch["seq"][keep], blocks).to(device)
         f = sae.encode(h)
-        effect = (f * (g @ sae.W_dec.T)).abs_()  # [tokens, width]: |f_i (g . d_i)|
+        effect = f * (g @ sae.W_dec.T)  # [tokens, width]: f_i (g . d_i)
+        v = effect @ sae.W_dec  # [tokens, d]: sum_i f_i (g . d_i) d_i
+        effect.abs_()
         active = f > 0
         for b in block_of.unique().tolist():  # a batch spans one or two blocks
             rows = block_of == b
             atp[b] += effect[rows].sum(0, dtype=torch.float64)
+            vv[b * groups // blocks] += (v[rows].T @ v[rows]).double()
             fired[b] += active[rows].sum(0)
             tokens[b] += int(rows.sum())
             active_total[b] += int(active[rows].sum())
-    return Scores(atp.cpu(), fired.cpu(), tokens, active_total)
+    return Scores(atp.cpu(), fired.cpu(), tokens, active_total, vv.cpu())
 
 
 def save_scores(scores: Scores, path: Path) -> None:
-    atomic_write_bytes(path, safetensors.torch.save(scores._asdict()))
+    tensors = {k: v for k, v in scores._asdict().items() if k != "normalisation"}
+    atomic_write_bytes(path, safetensors.torch.save(tensors))
 
 
 def load_scores(path: Path) -> Scores:

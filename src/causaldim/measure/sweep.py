@@ -4,6 +4,7 @@ a re-run finds it complete for the same store and settings."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from pathlib import Path
@@ -30,6 +31,12 @@ class SweepEntry(NamedTuple):
     folder: Path
     reused: bool
     meta: dict  # what cfg.json holds: training stats and evaluation
+    replicate: int = 0  # 0: the sweep's SAE of this width; j > 0: trained again, seed + j
+
+    @property
+    def name(self) -> str:
+        """The SAE's folder name: "topk-w256", or "topk-w256-s1" for a replicate."""
+        return self.folder.name
 
 
 def fit_normalizer(store: Store, max_tokens: int = 65_536) -> Normalizer:
@@ -143,7 +150,7 @@ def run_sweep(
     repair: bool = False,
     executor: Executor | None = None,
 ) -> list[SweepEntry]:
-    """Train (or reuse) every (architecture, width) SAE of the sweep, the missing ones as
+    """Train (or reuse) every (architecture, width, replicate) SAE of the sweep, the missing ones as
     independent jobs of the executor (default: in this process); returns entries. An SAE
     killed mid-training resumes from its last checkpoint; a finished one whose weights
     fail their hash raises IntegrityError, or is trained again with repair."""
@@ -154,34 +161,35 @@ def run_sweep(
     steps = cfg.epochs * math.ceil(n_train / cfg.batch_tokens)
     settings = _settings(cfg, seed, resolve_device(executor.device), cfg.epochs * n_train)
     folders, jobs = {}, []
-    for arch in cfg.architectures:
-        for width in cfg.widths:
-            folder = out / "saes" / f"{arch}-w{width}"
-            folders[arch, width] = folder
-            request = {
-                "store": fingerprint,
-                "train": settings.to_dict(),
-                "batch_tokens": cfg.batch_tokens,
-                "architecture": arch,
-                "width": width,
-                "k": cfg.k,
-            }
-            if _finished(folder, request, repair) is None:
-                job = TrainJob(
-                    str(store.root),
-                    str(folder),
-                    request,
-                    settings.to_dict(),
-                    steps,
-                    cfg.checkpoint_steps,
-                    repair,
-                )
-                jobs.append(job)
+    # Replicate j > 0 trains the same SAE again with seed + j (--sae-seeds): replicate 0's
+    # request is what it was before replicates existed, so its SAEs stay reusable.
+    for j, arch, width in itertools.product(range(cfg.sae_seeds), cfg.architectures, cfg.widths):
+        folder = out / "saes" / (f"{arch}-w{width}" + (f"-s{j}" if j else ""))
+        folders[arch, width, j] = folder
+        request = {
+            "store": fingerprint,
+            "train": {**settings.to_dict(), "seed": seed + j},
+            "batch_tokens": cfg.batch_tokens,
+            "architecture": arch,
+            "width": width,
+            "k": cfg.k,
+        }
+        if _finished(folder, request, repair) is None:
+            job = TrainJob(
+                str(store.root),
+                str(folder),
+                request,
+                request["train"],
+                steps,
+                cfg.checkpoint_steps,
+                repair,
+            )
+            jobs.append(job)
     executor.map(train_job, jobs, "SAE sweep", progress)
     trained = {job.folder for job in jobs}
     return [
-        SweepEntry(arch, width, folder, str(folder) not in trained, read_meta(folder))
-        for (arch, width), folder in folders.items()
+        SweepEntry(arch, width, folder, str(folder) not in trained, read_meta(folder), j)
+        for (arch, width, j), folder in folders.items()
     ]
 
 
@@ -237,7 +245,7 @@ def load_entry(entry: SweepEntry) -> SAE:
 
 def load_entries(entries: list[SweepEntry]) -> dict[str, SAE]:
     """The sweep's SAEs by name ("topk-w256"), frozen."""
-    return {f"{e.architecture}-w{e.width}": load_entry(e).requires_grad_(False) for e in entries}
+    return {e.name: load_entry(e).requires_grad_(False) for e in entries}
 
 
 def splice_evaluation(lm, store: Store, seqs: torch.Tensor, saes: dict[str, SAE]) -> dict:

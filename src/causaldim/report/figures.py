@@ -148,15 +148,19 @@ def plot_wedge(results: dict, arch: str, path: Path) -> Path:
         fit = k["fits"][k["form"]]
         lo, hi = k["interval_95"]
         bound = "" if name == "free" else " (kappa <= d)"
+        label = f"{k['form']} fit{bound}: kappa_hat {k['kappa']:.0f} [{lo:.0f}, {hi:.0f}]"
+        if not a["estimable"]:
+            label = f"{k['form']} fit{bound}: a level, not an asymptote (not estimable)"
         ax.plot(
             grid,
             curve(k["form"], fit["kappa"], fit["params"], grid),
             style,
             color="C3",
             lw=1.2,
-            label=f"{k['form']} fit{bound}: kappa_hat {k['kappa']:.0f} [{lo:.0f}, {hi:.0f}]",
+            alpha=1.0 if a["estimable"] else 0.4,
+            label=label,
         )
-        if name == "free" and not math.isnan(lo):
+        if name == "free" and a["estimable"] and not math.isnan(lo):
             ax.axhspan(lo, hi, color="C3", alpha=0.08)
     ax.axhline(d, color="black", lw=0.8, ls=":", label=f"d = {d}")
     for i, reading in enumerate(r for r in DIRECT if r in results.get("sigma", {})):

@@ -18,10 +18,10 @@ def pct(x) -> str:
     return "n/a" if x is None or math.isnan(x) else f"{100 * x:.1f}%"
 
 
-def ci(iv) -> str:
-    if not iv or any(math.isnan(v) for v in iv):
+def ci(iv, digits: int = 0) -> str:
+    if not iv or any(v is None or math.isnan(v) for v in iv):
         return "[n/a]"
-    return f"[{iv[0]:,.0f}, {iv[1]:,.0f}]"
+    return f"[{iv[0]:,.{digits}f}, {iv[1]:,.{digits}f}]"
 
 
 def sci(iv) -> str:

@@ -55,13 +55,13 @@ def build_results(
     Measurement, and the controls' results."""
     m = store.manifest
     training = {
-        f"{e.architecture}-w{e.width}": {
+        e.name: {
             "folder": str(e.folder.relative_to(out)),
             "reused": e.reused,
             "seconds": e.meta["train_stats"]["seconds"],
             "steps": e.meta["train_stats"].get("steps"),
         }
-        for e in here.entries
+        for e in [*here.entries, *here.replicates]
     }
     return {
         "schema": SCHEMA,

@@ -10,6 +10,8 @@ from pathlib import Path
 from .doc import Doc
 from .fmt import ci, growth, num, pct, sci
 
+CRITERIA = {"aicc": "AICc", "aic": "AIC (too few widths for AICc)"}
+
 
 def sigma_table(results: dict) -> str:
     """A plain-text table of the direct estimates: corrected, then plug-in."""
@@ -47,18 +49,41 @@ def summary(results: dict) -> str:
     """The few lines printed at the end of a run."""
     arch = results["headline"]
     a = results["sweep"][arch]
-    free, bounded = a["kappa"]["free"], a["kappa"]["at_most_d"]
     w = a["wedge"]
     lines = [
         f"{arch} sweep {a['per_width'][0]['width']}..{a['per_width'][-1]['width']}: "
         f"N_repr {growth(w['n_repr_growth'])}, N_causal {growth(w['n_causal_growth'])} "
-        f"over x{w['width_ratio']:g} in width; epsilon {a['epsilon']:.3g}",
-        f"kappa_hat {free['kappa']:.0f} {ci(free['interval_95'])} ({free['form']}), "
-        f"kappa_hat/d {free['kappa_over_d']:.2f}, coverage {pct(free['coverage'])}; "
-        f"constrained to d: {bounded['kappa']:.0f} {ci(bounded['interval_95'])}",
+        f"over x{w['width_ratio']:g} in width (AtP over {a['normalisation']} tokens; over "
+        f"{a['sensitivity']['normalisation']} tokens: "
+        f"{growth(a['sensitivity']['n_causal_growth'])}); epsilon {a['epsilon']:.3g}",
+        kappa_line(a),
     ]
+    if a.get("attributed"):
+        lines.append(attributed_line(a["attributed"]))
     lines += [f"warning: {x}" for x in a["warnings"]]
     return "\n".join(lines)
+
+
+def kappa_line(a: dict) -> str:
+    """kappa_hat with its interval, or why there is none."""
+    if not a["estimable"]:
+        return f"kappa_hat: not estimable ({a['not_estimable']})"
+    free, bounded = a["kappa"]["free"], a["kappa"]["at_most_d"]
+    return (
+        f"kappa_hat {free['kappa']:.0f} {ci(free['interval_95'])} ({free['form']}, by "
+        f"{CRITERIA[free['criterion']]}), kappa_hat/d "
+        f"{free['kappa_over_d']:.2f}, coverage {pct(free['coverage'])}; constrained to d: "
+        f"{bounded['kappa']:.0f} {ci(bounded['interval_95'])}"
+    )
+
+
+def attributed_line(att: dict) -> str:
+    change = att["change_at_widest"]
+    moved = "" if change is None else f", {100 * change:+.1f}% from the second widest"
+    return (
+        f"split-robust SAE estimate (erank of E[v v^T], v = g seen through the active features): "
+        f"{num(att['widest'])} {ci(att['widest_95'])} at the widest SAE{moved}"
+    )
 
 
 def build_report(results: dict, figures: dict[str, Path]) -> Doc:
@@ -97,32 +122,55 @@ def title(doc: Doc, results: dict) -> None:
 def headline(doc: Doc, results: dict) -> None:
     arch = results["headline"]
     a = results["sweep"][arch]
-    free, bounded = a["kappa"]["free"], a["kappa"]["at_most_d"]
+    free = a["kappa"]["free"]
     sigma = results.get("sigma", {})
     doc.h(2, "Headline")
     d = results["store"]["model"]["d_model"]
-    items = [
-        *direct_kappa(sigma, d),
-        f"SAE estimate ({arch}, {free['form']} fit chosen by AIC): kappa_hat = "
-        f"{free['kappa']:,.0f}, 95% bootstrap interval {ci(free['interval_95'])}; "
-        f"kappa_hat / d = {free['kappa_over_d']:.2f}; coverage at the widest SAE "
-        f"N_causal(m_max) / kappa_hat = {pct(free['coverage'])}; 95% of kappa_hat is "
-        f"reached at width {num(free['width_95'])}.",
-        f"Constrained to kappa <= d: kappa_hat = {bounded['kappa']:,.0f} "
-        f"{ci(bounded['interval_95'])} ({bounded['form']}).",
-    ]
-    w = a["wedge"]
+    items = [*direct_kappa(sigma, d)]
+    if a["estimable"]:
+        bounded = a["kappa"]["at_most_d"]
+        items += [
+            f"SAE estimate ({arch}, {free['form']} fit chosen by "
+            f"{CRITERIA[free['criterion']]}): kappa_hat = "
+            f"{free['kappa']:,.0f}, 95% bootstrap interval {ci(free['interval_95'])}; "
+            f"kappa_hat / d = {free['kappa_over_d']:.2f}; coverage at the widest SAE "
+            f"N_causal(m_max) / kappa_hat = {pct(free['coverage'])}; 95% of kappa_hat is "
+            f"reached at width {num(free['width_95'])}.",
+            f"Constrained to kappa <= d: kappa_hat = {bounded['kappa']:,.0f} "
+            f"{ci(bounded['interval_95'])} ({bounded['form']}).",
+        ]
+    else:
+        items.append(
+            f"SAE estimate ({arch}): kappa_hat not estimable: {a['not_estimable']}. The "
+            "fits below describe a level, not an asymptote."
+        )
+    if a.get("attributed"):
+        line = attributed_line(a["attributed"])
+        items.append(line[0].upper() + line[1:] + ".")
+    w, other = a["wedge"], a["sensitivity"]
     items.append(
         f"The wedge over x{w['width_ratio']:g} in width: N_repr grows "
-        f"{growth(w['n_repr_growth'])} (log-log slope {num(w['n_repr_loglog_slope'], 2)}), "
-        f"N_causal {growth(w['n_causal_growth'])} (slope "
-        f"{num(w['n_causal_loglog_slope'], 2)}); at the widest SAE "
-        f"{pct(a['per_width'][-1]['inert_fraction'])} of firing features fall below epsilon."
+        f"{growth(w['n_repr_growth'])} ({slope(w, 'n_repr')}), N_causal "
+        f"{growth(w['n_causal_growth'])} {ci(w.get('n_causal_growth_95'), 2)} "
+        f"({slope(w, 'n_causal')}); at the widest SAE "
+        f"{pct(a['per_width'][-1]['inert_fraction'])} of firing features fall below epsilon. "
+        f"With AtP averaged over the {other['normalisation']} tokens instead of the "
+        f"{a['normalisation']} ones, N_causal grows {growth(other['n_causal_growth'])} "
+        f"({' -> '.join(map(str, other['n_causal']))})."
     )
     doc.ul(items)
     if a["warnings"]:
         doc.h(3, "Read with care")
         doc.ul(a["warnings"])
+
+
+def slope(w: dict, key: str) -> str:
+    """The log-log slope, saying how many widths it rests on where zeros were left out."""
+    text = f"log-log slope {num(w[f'{key}_loglog_slope'], 2)}"
+    used, of = w.get(f"{key}_loglog_widths"), w.get("widths")
+    if used is not None and of is not None and used < of:
+        text += f", from {used} of {of} widths (zero counts left out)"
+    return text
 
 
 def direct_kappa(sigma: dict, d: int) -> list[str]:
@@ -158,7 +206,7 @@ def beside_paper(doc: Doc, results: dict) -> None:
     free = a["kappa"]["free"]
     sigma = results.get("sigma", {})
     paper = results["paper"]
-    w = a["wedge"]
+    w, regime, other = a["wedge"], a["regime"], a["sensitivity"]
     doc.h(2, "Beside the paper")
     doc.p(
         f"The paper: {paper['source']} (d = {paper['d_model']:,}, x{paper['width_ratio']} "
@@ -167,16 +215,35 @@ def beside_paper(doc: Doc, results: dict) -> None:
     )
     lead = next((r for r in ("logits", "loss", "fisher") if r in sigma), None)
     pr = sigma[lead]["participation_ratio_unbiased"] if lead else None
+    erank = sigma[lead]["erank_corrected"] if lead else None
     last = a["per_width"][-1]
+    estimable = a["estimable"]
+    kappa_hat = f"{free['kappa']:,.0f} {ci(free['interval_95'])}" if estimable else "not estimable"
+    att = a.get("attributed")
     doc.table(
         ["quantity", "this run", "paper"],
         [
+            [
+                "reference width / d",
+                f"{regime['reference_over_d']:.2f}",
+                f"{regime['paper_reference_over_d']:.1f}",
+            ],
+            [
+                "widest width / d",
+                f"{regime['widest_over_d']:.1f}",
+                f"{regime['paper_widest_over_d']:.0f}",
+            ],
             ["width ratio of the sweep", f"x{w['width_ratio']:g}", f"x{paper['width_ratio']}"],
             ["N_repr growth", f"{growth(w['n_repr_growth'])}", f"x{paper['n_repr_growth']}"],
             [
-                "N_causal growth",
+                f"N_causal growth (AtP over {a['normalisation']} tokens)",
                 f"{growth(w['n_causal_growth'])}",
                 f"x{paper['n_causal_growth']}",
+            ],
+            [
+                f"N_causal growth (AtP over {other['normalisation']} tokens)",
+                growth(other["n_causal_growth"]),
+                "",
             ],
             [
                 "firing features below epsilon (widest SAE)",
@@ -184,16 +251,35 @@ def beside_paper(doc: Doc, results: dict) -> None:
                 pct(paper["inert_fraction"]),
             ],
             [
+                "total attribution A / epsilon (Markov ceiling on N_causal), widest",
+                num(last["markov_ceiling"]),
+                "",
+            ],
+            [
                 "kappa_hat [95% CI]",
-                f"{free['kappa']:,.0f} {ci(free['interval_95'])}",
+                kappa_hat,
                 f"{paper['kappa_hat']:,} {ci(paper['kappa_hat_95'])}",
             ],
-            ["kappa_hat / d", f"{free['kappa_over_d']:.2f}", f"{paper['kappa_over_d']}"],
+            [
+                "kappa_hat / d",
+                f"{free['kappa_over_d']:.2f}" if estimable else "n/a",
+                f"{paper['kappa_over_d']}",
+            ],
+            [
+                "split-robust SAE estimate (widest) [95% CI]",
+                f"{num(att['widest'])} {ci(att['widest_95'])}" if att else "n/a",
+                "",
+            ],
+            [f"direct kappa (erank, {lead or 'n/a'}, corrected)", num(erank), ""],
             [f"kappa_PR (direct, {lead or 'n/a'}, unbiased)", num(pr), f"{paper['kappa_pr']}"],
-            ["coverage at the widest SAE", pct(free["coverage"]), pct(paper["coverage"])],
+            [
+                "coverage at the widest SAE",
+                pct(free["coverage"]) if estimable else "n/a",
+                pct(paper["coverage"]),
+            ],
             [
                 "width for (95%) recovery",
-                num(free["width_95"]),
+                num(free["width_95"]) if estimable else "n/a",
                 f"{paper['width_full_recovery']:,}",
             ],
         ],
@@ -240,20 +326,39 @@ def sweeps(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
                 for r in arch_results["per_width"]
             ],
         )
+        diagnostics(doc, arch_results)
         kappas = arch_results["kappa"]
+        if not arch_results["estimable"]:
+            doc.p(
+                f"kappa_hat is not estimable: {arch_results['not_estimable']}. The fits "
+                "below describe the counts' level, not an asymptote."
+            )
         for bound_name, label in (("free", "free"), ("at_most_d", "kappa <= d")):
             k = kappas[bound_name]
             if bound_name == "at_most_d" and not arch_results["constraint_binds"]:
                 doc.p(f"The constraint kappa <= d = {d} binds no fit: the same table holds.")
                 continue
-            doc.p(f"Saturating fits ({label}); chosen by AIC: {k['form']}.")
+            doc.p(
+                f"Saturating fits ({label}), every form side by side; chosen by "
+                f"{CRITERIA[k['criterion']]}: {k['form']}."
+            )
             doc.table(
-                ["form", "kappa_hat", "95% CI", "AIC", "width for 95%", "won in resamples", "note"],
+                [
+                    "form",
+                    "kappa_hat",
+                    "95% CI",
+                    "AICc",
+                    "AIC",
+                    "width for 95%",
+                    "won in resamples",
+                    "note",
+                ],
                 [
                     [
                         form,
                         f"{fit['kappa']:,.0f}",
                         ci(fit["interval_95"]),
+                        num(fit["aicc"], 2),
                         f"{fit['aic']:.2f}",
                         num(fit["width_95"]),
                         pct(k["form_frequency"].get(form, math.nan)),
@@ -265,6 +370,85 @@ def sweeps(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
         for key in (f"wedge_{arch_name}", f"atp_{arch_name}"):
             if key in figures:
                 doc.img(figures[key], key)
+
+
+def diagnostics(doc: Doc, a: dict) -> None:
+    """What the estimator does in this sweep: the Markov ceiling, the regime, firings,
+    the other normalisation, the seeds' spread and the split-robust estimate; then how
+    the reference's causal features split."""
+    regime, other = a["regime"], a["sensitivity"]
+    doc.p(
+        f"Diagnostics. The reference width is {regime['reference_over_d']:.2f} d and the "
+        f"widest {regime['widest_over_d']:.1f} d (the paper: "
+        f"{regime['paper_reference_over_d']:.1f} d and {regime['paper_widest_over_d']:.0f} d). "
+        "A = sum_i AtP_i bounds N_causal <= A / epsilon (Markov). Firings: the median "
+        "feature's, in training (tokens x epochs) and in eval; top 2%: the median firing "
+        "rate of the 2% of features with the highest AtP. N_causal' counts with AtP "
+        f"averaged over the {other['normalisation']} tokens (its own epsilon "
+        f"{other['epsilon']:.3g}). kappa_SAE: the erank of E[v v^T], with "
+        "v = sum_i f_i (g . d_i) d_i the loss gradient seen through the active features, "
+        "which splitting a feature leaves unchanged."
+        + (
+            f" {a['seeds']} trainings per width: N_causal of each at this epsilon, and "
+            "intervals that draw one training per width per resample."
+            if a.get("seeds", 1) > 1
+            else ""
+        )
+    )
+    att = {r["width"]: r for r in (a.get("attributed") or {}).get("per_width", [])}
+    head = [
+        "width",
+        "A",
+        "A / epsilon",
+        "N_causal",
+        "N_causal'",
+        "firings (train)",
+        "firings (eval)",
+        "top 2% rate",
+        "kappa_SAE [95%]",
+    ]
+    if a.get("seeds", 1) > 1:
+        head.append("N_causal per seed")
+    rows = []
+    for r in a["per_width"]:
+        row = [
+            f"{r['width']:,}",
+            num(r["atp_total"], 3),
+            num(r["markov_ceiling"]),
+            f"{r['n_causal']:,}",
+            f"{r['n_causal_other']:,}",
+            num(r["median_firings_train"]),
+            num(r["median_firings_eval"]),
+            pct(r["top_firing_rate"]),
+            f"{num(att[r['width']]['erank'])} {ci(att[r['width']]['erank_95'])}"
+            if r["width"] in att
+            else "n/a",
+        ]
+        if a.get("seeds", 1) > 1:
+            row.append(", ".join(map(str, r.get("n_causal_seeds", []))))
+        rows.append(row)
+    doc.table(head, rows)
+    if a.get("splits"):
+        doc.p(
+            f"How the reference's {a['splits'][0]['parents']} causal features split: at each "
+            "wider width, the medians over them of the best decoder cosine, the children "
+            "(wider features whose nearest reference direction they are, at cosine >= 0.5), "
+            "the largest child's share of the children's eval firings (1: not split), and "
+            "the children's firings over the parent's own."
+        )
+        doc.table(
+            ["width", "best cosine", "children", "largest child's share", "children / parent"],
+            [
+                [
+                    f"{r['width']:,}",
+                    num(r["best_cosine"], 2),
+                    num(r["children"]),
+                    pct(r["top_child_share"]),
+                    num(r["children_firings_over_parent"], 2),
+                ]
+                for r in a["splits"]
+            ],
+        )
 
 
 def direct_sigma(doc: Doc, results: dict, figures: dict[str, Path]) -> None:

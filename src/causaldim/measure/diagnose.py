@@ -1,0 +1,94 @@
+"""Why N_causal does what it does in a sweep: the numbers that diagnose the paper's
+estimator, from the scores, the SAEs' training stats and their decoders.
+
+- A(m) = sum_i AtP_i, the total attribution. Markov's inequality bounds the count:
+  N_causal(m) = #{i: AtP_i > epsilon} <= A(m) / epsilon, whatever the width. Under the
+  "all" normalisation A(m) is about flat in width (the features share one residual's
+  attribution), so the ceiling is too.
+- The regime: the reference and widest widths over d (the paper: 7.1 d and 455 d), and
+  the median feature's firings in training (tokens x epochs) and in eval.
+- The firing rate of the top 2% of features by AtP: under "all", AtP rewards firing
+  often, so the features over a 98th-percentile bar are the frequent ones.
+- How the reference's top features split: at each wider width, each of them gets the
+  wider features whose nearest reference decoder direction it is (cosine >= CHILD_COSINE)
+  as children; the best cosine says whether the direction survives, the largest child's
+  share of the children's firings says whether its firings are shared out.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .score import Scores
+
+TOP_SHARE = 0.02  # "the top 2% of features", the share a 98th-percentile bar leaves
+CHILD_COSINE = 0.5  # a wider feature this close to its nearest reference feature is its child
+ROWS = 4096  # wider decoder rows compared at a time (bounds the cosine matrix)
+
+
+def _median(x: torch.Tensor) -> float | None:
+    return float(x.double().median()) if len(x) else None
+
+
+def per_width(scores: Scores, epsilon: float, train_firings: dict | None) -> dict:
+    """The diagnostics of one width."""
+    atp, fired = scores.atp, scores.fired
+    total = float(atp.sum())
+    top = atp.argsort(descending=True)[: max(1, round(TOP_SHARE * len(atp)))]
+    return {
+        "atp_total": total,
+        "markov_ceiling": total / epsilon if epsilon > 0 else None,
+        "median_firings_eval": _median(fired),
+        "median_firings_train": (train_firings or {}).get("median"),
+        "top_firing_rate": _median(fired[top] / max(scores.n_tokens, 1)),
+    }
+
+
+def _unit(w_dec: torch.Tensor) -> torch.Tensor:
+    w = w_dec.detach().float().cpu()
+    return w / w.norm(dim=1, keepdim=True).clamp_min(1e-12)
+
+
+def splits(
+    reference: Scores, ref_dec: torch.Tensor, epsilon: float, wider: dict[int, tuple]
+) -> list[dict]:
+    """For the reference's causal features (AtP > epsilon), at each wider width (scores,
+    decoder): medians over them of the best decoder cosine, the number of children, the
+    largest child's share of the children's eval firings, and the children's firings over
+    the parent's own."""
+    parents = (reference.atp > epsilon).nonzero().flatten()
+    ref_unit = _unit(ref_dec)
+    parent_fired = reference.fired[parents].double()
+    out = []
+    for width, (scores, dec) in sorted(wider.items()):
+        unit = _unit(dec)
+        best = torch.full((len(parents),), -1.0)
+        nearest, nearest_cos = [], []
+        for start in range(0, len(unit), ROWS):
+            cos = unit[start : start + ROWS] @ ref_unit.T  # [rows, reference width]
+            best = torch.maximum(best, cos[:, parents].max(0).values)
+            value, index = cos.max(1)
+            nearest.append(index)
+            nearest_cos.append(value)
+        nearest, nearest_cos = torch.cat(nearest), torch.cat(nearest_cos)
+        fired = scores.fired.double()
+        n_children, top_share, kept = [], [], []
+        for p, own in zip(parents.tolist(), parent_fired.tolist(), strict=True):
+            children = (nearest == p) & (nearest_cos >= CHILD_COSINE)
+            f = fired[children]
+            n_children.append(int(children.sum()))
+            if f.sum() > 0:
+                top_share.append(float(f.max() / f.sum()))
+            if own > 0:
+                kept.append(float(f.sum()) / own)
+        out.append(
+            {
+                "width": width,
+                "parents": len(parents),
+                "best_cosine": _median(best) if len(parents) else None,
+                "children": _median(torch.tensor(n_children, dtype=torch.float64)),
+                "top_child_share": _median(torch.tensor(top_share, dtype=torch.float64)),
+                "children_firings_over_parent": _median(torch.tensor(kept, dtype=torch.float64)),
+            }
+        )
+    return out
