@@ -175,7 +175,11 @@ class AnalysisConfig:
         "Sequence blocks of the profile's bootstraps (each layer and reading keeps a d x d "
         "sum per block: memory grows with it).",
     )
-    profile_bootstrap: int = _opt(50, "Bootstrap resamples of each layer of the profile.")
+    profile_bootstrap: int = _opt(
+        20,
+        "Bootstrap resamples of each layer of the profile (each costs a few d x d "
+        "eigendecompositions per reading and layer).",
+    )
     controls: list[str] = field(
         default_factory=list,
         metadata={

@@ -58,8 +58,8 @@ class Budget(NamedTuple):
 
 FULL = Budget(draws=4, resamples=50)  # the layer of the run
 # Each layer of the profile: the point estimate moves by about 0.3% from FULL's (the
-# simulation's noise), and its interval rests on fewer resamples.
-LIGHT = Budget(draws=2, resamples=20)
+# simulation's noise), and its interval rests on fewer resamples of fewer steps.
+LIGHT = Budget(draws=2, resamples=20, resample_iterations=2)
 TOLERANCE = 1e-5  # the deconvolution stops when erank moves less than this, relatively
 FLOOR = 1e-12  # relative: eigenvalues below this share of the trace are treated as 0
 CHUNK = 8192  # samples simulated at a time
