@@ -135,7 +135,11 @@ def profile_results(
 
     def row(e: SigmaEstimate) -> dict:
         kept = {k: getattr(e, k) for k in KEPT}
-        return {**kept, "erank_95": e.bootstrap["erank_95"] if e.bootstrap else None}
+        # the plug-in's bias-corrected (basic) interval, widened where needed to hold the
+        # estimate as every interval of the report does
+        lo, hi = e.bootstrap["erank_95"] if e.bootstrap else (None, None)
+        held = None if lo is None else [min(lo, e.erank), max(hi, e.erank)]
+        return {**kept, "erank_95": held}
 
     layers = {str(i): {r: row(e) for r, e in ests.items()} for i, ests in found.items()}
     return {

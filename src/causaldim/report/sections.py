@@ -517,12 +517,13 @@ def profile_section(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
         f"block 0): the corrected erank of each reading with its 95% interval over "
         f"{prof['bootstrap']} resamples of {prof['blocks']} sequence blocks (a lighter "
         f"correction than the run's layer: {c['draws']} draws, {c['resamples']} resampled "
-        "corrections), the unbiased PR of the first reading, and the activations' plug-in "
+        "corrections), the unbiased PR of the logits reading, and the activations' plug-in "
         f"erank for reference. Layer {prof['run_layer']} is the run's layer, measured in "
         "full above."
     )
+    lead = "logits" if "logits" in direct else (direct[0] if direct else None)
     head = ["layer", *(f"erank {r} [95%]" for r in direct)]
-    head += [f"PR {direct[0]}"] if direct else []
+    head += [f"PR {lead}"] if lead else []
     head += ["erank activations (plug-in)"] if "activations" in readings else []
     rows = []
     for i in layers:
@@ -531,7 +532,7 @@ def profile_section(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
         cells += [
             f"{num(row[r]['erank_corrected'])} {ci(row[r]['erank_corrected_95'])}" for r in direct
         ]
-        cells += [num(row[direct[0]]["participation_ratio_unbiased"])] if direct else []
+        cells += [num(row[lead]["participation_ratio_unbiased"])] if lead else []
         if "activations" in row:
             a = row["activations"]
             cells.append(f"{num(a['erank'])} {ci(a['erank_95'])}")
