@@ -128,7 +128,7 @@ def analyze(
             {m: (scores[m], decoders[m]) for m in widths if m > reference},
         ),
         "attributed": attributed.estimate(scores, min(cfg.bootstrap, attributed.RESAMPLES), seed),
-        "warnings": _warnings(widths, n_causal, growth, kappa, d_model, reason is None),
+        "warnings": _warnings(widths, kappa, d_model, reason is None),
     }
 
 
@@ -174,9 +174,11 @@ def not_estimable(widths, growth: float | None, growth_95: list[float] | None) -
     return None
 
 
-def _warnings(widths, n_causal, growth, kappa, d_model, estimable: bool) -> list[str]:
+def _warnings(widths, kappa, d_model, estimable: bool) -> list[str]:
+    """What to read with care in an estimable kappa_hat (where it is not, the reason is
+    the headline's and the fits only describe a level)."""
     out = []
-    if not estimable:  # the reason is the headline's; the fits only describe a level
+    if not estimable:
         return out
     free = kappa["free"]
     if free["at_bound"] == "kappa":
