@@ -62,7 +62,7 @@ def splits(
     out = []
     for width, (scores, dec) in sorted(wider.items()):
         unit = _unit(dec)
-        best = torch.full((len(parents),), -1.0)
+        best = torch.full((len(parents),), -1.0, device="cpu")
         nearest, nearest_cos = [], []
         for start in range(0, len(unit), ROWS):
             cos = unit[start : start + ROWS] @ ref_unit.T  # [rows, reference width]
@@ -86,9 +86,13 @@ def splits(
                 "width": width,
                 "parents": len(parents),
                 "best_cosine": _median(best) if len(parents) else None,
-                "children": _median(torch.tensor(n_children, dtype=torch.float64)),
-                "top_child_share": _median(torch.tensor(top_share, dtype=torch.float64)),
-                "children_firings_over_parent": _median(torch.tensor(kept, dtype=torch.float64)),
+                "children": _median(torch.tensor(n_children, dtype=torch.float64, device="cpu")),
+                "top_child_share": _median(
+                    torch.tensor(top_share, dtype=torch.float64, device="cpu")
+                ),
+                "children_firings_over_parent": _median(
+                    torch.tensor(kept, dtype=torch.float64, device="cpu")
+                ),
             }
         )
     return out

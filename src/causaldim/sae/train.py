@@ -192,7 +192,7 @@ def train_sae(
 def firing_quantiles(fired: torch.Tensor) -> dict:
     """Median, 10th and 90th percentile and mean of per-feature firing counts."""
     x = fired.double().cpu()
-    q = torch.quantile(x, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64))
+    q = torch.quantile(x, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64, device="cpu"))
     return {"p10": float(q[0]), "median": float(q[1]), "p90": float(q[2]), "mean": float(x.mean())}
 
 
