@@ -95,7 +95,7 @@ def measure_layer(
     again: dict[str, dict[int, list[Scores]]] = {}
     for e, s in zip(replicates, scored[len(entries) :], strict=True):
         again.setdefault(e.architecture, {}).setdefault(e.width, []).append(s)
-    for e, (name, sae), s in zip(entries, named.items(), scored, strict=True):
+    for e, (name, sae), s in zip(entries, named.items(), scored[: len(entries)], strict=True):
         scores.setdefault(e.architecture, {})[e.width] = s
         saes.setdefault(e.architecture, {})[e.width] = sae
         ev = {**e.meta["eval"], "train_firings": e.meta["train_stats"].get("firings")}
