@@ -372,3 +372,29 @@ def test_sae_seeds_carry_the_trainings_variance_into_the_report(finished_run, tm
     for row in a["per_width"]:
         assert len(row["n_causal_seeds"]) == 2 and row["n_causal_seeds"][0] == row["n_causal"]
     assert "N_causal per seed" in (copy / "report.md").read_text()
+
+
+def test_export_writes_saelens_folders_at_the_trained_hook(finished_run, tmp_path, capsys):
+    from causaldim.sae.formats import import_saelens, load
+
+    out, _ = finished_run
+    layer = json.loads((out / "results.json").read_text())["store"]["layer"]
+    one = out / "saes" / "topk-w64"
+    assert cli.main(["export", str(one), str(tmp_path / "one"), "--format", "saelens"]) == 0
+    cfg = json.loads((tmp_path / "one" / "cfg.json").read_text())
+    assert cfg["metadata"]["hook_name"] == f"blocks.{layer}.hook_resid_post"
+    x = torch.randn(50, 32)
+    assert torch.equal(import_saelens(tmp_path / "one").encode(x), load(one).encode(x))
+    # The whole sweep at once: one folder per SAE, named as in the run.
+    assert cli.main(["export", str(out), str(tmp_path / "all")]) == 0
+    names = sorted(p.name for p in (out / "saes").iterdir() if (p / "cfg.json").is_file())
+    assert sorted(p.name for p in (tmp_path / "all").iterdir()) == names
+    assert f"blocks.{layer}.hook_resid_post" in capsys.readouterr().out
+    # An existing destination is refused in one line, and left as it was.
+    before = snapshot(tmp_path / "one")
+    assert cli.main(["export", str(one), str(tmp_path / "one")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "exists; export into a new folder" in err and "\n" not in err
+    assert snapshot(tmp_path / "one") == before
+    assert cli.main(["export", str(tmp_path / "nowhere"), str(tmp_path / "x")]) == 2
+    assert not (tmp_path / "x").exists()

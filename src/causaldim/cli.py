@@ -147,6 +147,20 @@ def _parser(values: dict) -> argparse.ArgumentParser:
     p.add_argument("results", type=Path, help="Path of a results.json written by `run`.")
     p.set_defaults(func=_cmd_report)
 
+    p = sub.add_parser(
+        "export",
+        help="Write a run's SAEs in another tool's format (SAELens), each with the hook it "
+        "was trained at.",
+        description="SOURCE: one SAE folder (OUT/saes/topk-w4096), a run's OUT/saes, or the "
+        "run folder OUT (every SAE of the sweep, each into DEST/NAME). DEST must not exist.",
+    )
+    p.add_argument("source", type=Path, help="An SAE folder, OUT/saes, or a run folder OUT.")
+    p.add_argument("dest", type=Path, help="A new folder to write into.")
+    p.add_argument(
+        "--format", default="saelens", choices=("saelens",), help="Target format (saelens)."
+    )
+    p.set_defaults(func=_cmd_export)
+
     p = sub.add_parser("models", help="List the embedded models and the known model families.")
     p.set_defaults(func=_cmd_models)
     return parser
@@ -309,6 +323,15 @@ def _print_store(result) -> None:
         f"  outliers carry {100 * o['variance_share']:.1f}% of the residual variance "
         f"(threshold {o['threshold']:.1f} = {o['factor']} x median norm)"
     )
+
+
+def _cmd_export(args) -> int:
+    from .sae.export import export
+
+    for e in export(args.source, args.dest, args.format):
+        site = e.hook_name or "hook unknown (the run's store is not beside the SAE)"
+        print(f"wrote: {e.folder} ({args.format}, {site})")
+    return 0
 
 
 def _cmd_models(args) -> int:
