@@ -20,7 +20,7 @@ import time
 import torch
 
 from causaldim.config import AnalysisConfig
-from causaldim.measure.sigma import BlockSums, estimate, spectrum
+from causaldim.measures.sigma import BlockSums, estimate, spectrum
 
 NORM_SIGMA = 1.2  # of log a^2: n_eff / n = exp(-NORM_SIGMA^2)
 BLOCKS, SEQ = 32, 16

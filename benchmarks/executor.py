@@ -20,7 +20,7 @@ from pathlib import Path
 from causaldim.config import SweepConfig
 from causaldim.executors import LocalExecutor, RayExecutor
 from causaldim.harvest.store import Store
-from causaldim.measure.sweep import run_sweep
+from causaldim.measures.sweep import run_sweep
 from causaldim.sae.formats import read_meta
 
 

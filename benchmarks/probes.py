@@ -20,7 +20,7 @@ from timing import median_time
 from causaldim.config import AnalysisConfig, HarvestConfig
 from causaldim.harvest import harvest
 from causaldim.harvest.model_pass import grads_at
-from causaldim.measure.sigma import accumulate
+from causaldim.measures.sigma import accumulate
 from causaldim.model.corpus import load_corpus, tokenize
 from causaldim.model.hooks import tap_blocks
 from causaldim.model.load import load_model, resolve_model

@@ -25,7 +25,7 @@ from timing import median_time
 from causaldim.config import AnalysisConfig, HarvestConfig
 from causaldim.harvest import harvest
 from causaldim.harvest.model_pass import grads_at
-from causaldim.measure.sigma import BlockSums, estimate
+from causaldim.measures.sigma import BlockSums, estimate
 
 
 def logits_sums(store, sequences: int, probes: list[int], blocks: int) -> BlockSums:

@@ -19,7 +19,7 @@ import time
 import torch
 
 from causaldim.harvest.model_pass import grads_at
-from causaldim.measure.profile import Accumulator, profile_readings
+from causaldim.measures.profile import Accumulator, profile_readings
 from causaldim.model.corpus import load_corpus, tokenize
 from causaldim.model.load import load_model, resolve_model
 

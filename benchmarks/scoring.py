@@ -20,7 +20,7 @@ import torch
 
 from causaldim.harvest.model_pass import grads_at
 from causaldim.harvest.store import Store
-from causaldim.measure.score import atp_scores
+from causaldim.measures.score import atp_scores
 from causaldim.model.load import load_model, resolve_model
 from causaldim.sae.formats import load
 

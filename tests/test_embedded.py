@@ -12,7 +12,7 @@ from causaldim import cli
 from causaldim.config import HarvestConfig
 from causaldim.harvest import harvest
 from causaldim.harvest.model_pass import grads_at
-from causaldim.measure.score import atp_scores
+from causaldim.measures.score import atp_scores
 from causaldim.model.load import fingerprint, load_model, resolve_model
 from causaldim.sae import SAEConfig, build
 

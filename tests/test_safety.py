@@ -15,7 +15,7 @@ import causaldim
 from causaldim import cli
 from causaldim.config import SweepConfig
 from causaldim.harvest.store import write_store
-from causaldim.measure.sweep import run_sweep
+from causaldim.measures.sweep import run_sweep
 
 
 def test_the_same_config_gives_the_same_numbers(tmp_path, tiny_model, text_corpus):

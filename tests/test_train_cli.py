@@ -15,7 +15,7 @@ from causaldim import cli, memory
 from causaldim.config import PRESETS, HarvestConfig
 from causaldim.executors import RayExecutor
 from causaldim.harvest import plan
-from causaldim.measure import sweep as sweep_mod
+from causaldim.measures import sweep as sweep_mod
 
 D = 32  # the tiny Llama's residual width
 

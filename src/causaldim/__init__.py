@@ -2,6 +2,18 @@
 
 __version__ = "0.1.0"
 
+__all__ = ["measure", "load", "Results", "load_subspace", "versions"]
+
+
+def __getattr__(name: str):
+    # measure, load and Results come from .api on first use: importing causaldim stays
+    # cheap (no torch) for the command line's help and for reading results.
+    if name in ("measure", "load", "Results"):
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'causaldim' has no attribute {name!r}")
+
 
 def versions(*names: str) -> dict[str, str]:
     """The versions of the named packages, for provenance ('causaldim' is this one,
@@ -24,6 +36,6 @@ def load_subspace(path):
     """One reading's causal subspace saved by a run (OUT/subspace/L{layer}-{reading}
     .safetensors): eigenvectors [d, d] (columns, descending), eigenvalues (plug-in and
     corrected), and how many directions hold 50/90/99% of the trace."""
-    from .measure.subspace import load_subspace as load
+    from .measures.subspace import load_subspace as load
 
     return load(path)

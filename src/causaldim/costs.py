@@ -16,7 +16,7 @@ import torch
 from .config import AnalysisConfig, SweepConfig
 from .devices import describe
 from .harvest import Plan
-from .measure import debias, profile
+from .measures import debias, profile
 from .memory import dense_batch_tokens, sae_training_bytes
 from .model.load import decoder_layers, skeleton
 
@@ -80,7 +80,7 @@ def disk_bytes(the_plan: Plan, sweep: SweepConfig | None) -> dict[str, int]:
 
 
 def correction_flops(n_eval: int, d: int, readings: int, b: debias.Budget = debias.FULL) -> float:
-    """The finite-sample correction (measure/debias.py) of each direct reading: its
+    """The finite-sample correction (measures/debias.py) of each direct reading: its
     eigendecompositions (the point and half-blocks estimates, about CORRECTION_STEPS
     deconvolution steps of b.draws each; the resamples' few steps of one draw each) and
     its simulated sums of n_eval weighted Gaussian samples."""

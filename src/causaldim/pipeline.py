@@ -28,11 +28,11 @@ from .errors import UsageError
 from .executors import Executor, executor_for
 from .fileio import atomic_write_json, write_sealed_json
 from .harvest import HarvestResult, Plan, Store, harvest, plan
-from .measure import profile
-from .measure.layer import Measurement, measure_layer
-from .measure.score import require_gradients
-from .measure.subspace import causal_subspace
-from .measure.sweep import SweepEntry, load_entries, splice_evaluation, sweep_saes
+from .measures import profile
+from .measures.layer import Measurement, measure_layer
+from .measures.score import require_gradients
+from .measures.subspace import causal_subspace
+from .measures.sweep import SweepEntry, load_entries, splice_evaluation, sweep_saes
 from .memory import HEADROOM, check_sae_training
 from .model.load import LoadedModel, load_model
 from .report.render import render

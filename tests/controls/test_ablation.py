@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from causaldim.controls.ablation import atp_vs_ablation, first_order, sample_features
-from causaldim.measure.score import atp_scores
+from causaldim.measures.score import atp_scores
 from causaldim.sae import SAEConfig, build
 
 

@@ -18,7 +18,7 @@ from causaldim.controls.l0 import matched_l0
 from causaldim.controls.scale import scale_comparison
 from causaldim.controls.synthetic import SyntheticSpec
 from causaldim.controls.thresholds import PERCENTILES, threshold_robustness
-from causaldim.measure.score import Scores
+from causaldim.measures.score import Scores
 from causaldim.paper import EPSILON_FALL, RANDOM_ENCODER_INFLATION, SYNTHETIC_RECALL, TASK_RECOVERY
 from causaldim.report.doc import Doc
 

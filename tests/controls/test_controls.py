@@ -12,8 +12,8 @@ from causaldim.controls.geometry import geometric_privilege
 from causaldim.controls.l0 import matched_l0
 from causaldim.controls.thresholds import PERCENTILES, threshold_robustness
 from causaldim.harvest.store import write_store
-from causaldim.measure.score import Scores, atp_scores
-from causaldim.measure.stats import auc
+from causaldim.measures.score import Scores, atp_scores
+from causaldim.measures.stats import auc
 from causaldim.sae import SAEConfig, build
 
 D, SEQ = 16, 16

@@ -8,7 +8,7 @@ import torch
 
 from causaldim.controls.depth import default_depth_layers
 from causaldim.controls.scale import ks_shape, matched_layer, normalised_log_atp, scale_comparison
-from causaldim.measure.score import Scores
+from causaldim.measures.score import Scores
 
 
 def scores_from(atp: np.ndarray) -> Scores:

@@ -14,7 +14,7 @@ from causaldim.controls.task import (
     verb_pairs,
 )
 from causaldim.errors import UsageError
-from causaldim.measure.score import Scores
+from causaldim.measures.score import Scores
 from causaldim.sae import SAEConfig, build
 
 SINGULAR, PLURAL = ({n[j] for n in NOUNS} for j in (0, 1))

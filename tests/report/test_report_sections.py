@@ -16,8 +16,8 @@ from causaldim import __version__
 from causaldim.config import AnalysisConfig, HarvestConfig, SweepConfig
 from causaldim.errors import IntegrityError, UsageError
 from causaldim.fileio import write_sealed_json
-from causaldim.measure.analysis import ATP_EDGES
-from causaldim.measure.sigma import DEBIASED
+from causaldim.measures.analysis import ATP_EDGES
+from causaldim.measures.sigma import DEBIASED
 from causaldim.paper import PAPER
 from causaldim.report.doc import Doc
 from causaldim.report.figures import plot_atp, plot_sigma, plot_wedge

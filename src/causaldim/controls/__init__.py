@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ..config import AnalysisConfig, HarvestConfig, SweepConfig
     from ..executors import Executor
     from ..harvest import Plan, Store
-    from ..measure.layer import Measurement
+    from ..measures.layer import Measurement
     from ..model.load import LoadedModel
     from ..report.doc import Doc
 
@@ -108,7 +108,7 @@ class Context:
     def measure_other(self, store: Store, folder: Path) -> Measurement:
         """Another store measured with the headline's settings: one architecture, no
         controls of its own, SAEs and scores under folder."""
-        from ..measure.layer import measure_layer
+        from ..measures.layer import measure_layer
 
         return measure_layer(
             store,

@@ -16,10 +16,10 @@ import torch
 
 from ..devices import placed
 from ..harvest.store import Store
-from ..measure.counts import calibrate
-from ..measure.score import Scores
-from ..measure.splice import sequence_losses, zero_feature
-from ..measure.stats import spearman
+from ..measures.counts import calibrate
+from ..measures.score import Scores
+from ..measures.splice import sequence_losses, zero_feature
+from ..measures.stats import spearman
 from ..model.load import LoadedModel
 from ..report.doc import Doc
 from ..report.figures import finish, pyplot

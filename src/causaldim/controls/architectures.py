@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 
 from ..config import SweepConfig
-from ..measure.stats import spread
+from ..measures.stats import spread
 from ..report.doc import Doc
 from ..report.figures import finish, pyplot
 from ..report.fmt import ci, growth, num

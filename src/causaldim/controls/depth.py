@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config import AnalysisConfig
-from ..measure.sigma import DIRECT
+from ..measures.sigma import DIRECT
 from ..paper import EPSILON_FALL
 from ..report.doc import Doc
 from ..report.figures import finish, pyplot

@@ -11,7 +11,7 @@ import torch
 
 from ..config import AnalysisConfig
 from ..harvest.store import Store
-from ..measure.score import Scores, atp_scores
+from ..measures.score import Scores, atp_scores
 from ..paper import RANDOM_ENCODER_INFLATION
 from ..report.doc import Doc
 from ..report.figures import finish, pyplot

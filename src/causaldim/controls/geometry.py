@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..measure.score import Scores
-from ..measure.stats import auc, interval_95
+from ..measures.score import Scores
+from ..measures.stats import auc, interval_95
 from ..report.doc import Doc
 from ..report.figures import finish, pyplot
 from ..report.fmt import num

@@ -12,7 +12,7 @@ from scipy.stats import ks_2samp
 
 from ..config import AnalysisConfig, HarvestConfig
 from ..harvest import Plan, harvest, plan
-from ..measure.score import Scores
+from ..measures.score import Scores
 from ..model.load import resolve_model
 from ..report.doc import Doc
 from ..report.figures import finish, pyplot

@@ -26,10 +26,10 @@ import torch
 
 from ..config import AnalysisConfig, SweepConfig
 from ..harvest.store import Store, write_store
-from ..measure.analysis import analyze
-from ..measure.score import atp_scores
-from ..measure.sigma import measure
-from ..measure.sweep import load_entries, run_sweep
+from ..measures.analysis import analyze
+from ..measures.score import atp_scores
+from ..measures.sigma import measure
+from ..measures.sweep import load_entries, run_sweep
 from ..paper import SYNTHETIC_RECALL
 from ..report.doc import Doc
 from ..report.figures import finish, pyplot

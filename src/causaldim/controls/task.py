@@ -25,9 +25,9 @@ import torch
 from ..devices import placed
 from ..errors import UsageError
 from ..harvest.store import Store
-from ..measure.score import Scores
-from ..measure.splice import zero_feature
-from ..measure.stats import wilson_95
+from ..measures.score import Scores
+from ..measures.splice import zero_feature
+from ..measures.stats import wilson_95
 from ..model.hooks import editable, edited_block, tap_blocks
 from ..model.load import LoadedModel
 from ..paper import TASK_RECOVERY

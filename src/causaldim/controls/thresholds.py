@@ -8,9 +8,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..config import AnalysisConfig
-from ..measure.analysis import analyze
-from ..measure.score import Scores
-from ..measure.stats import spread
+from ..measures.analysis import analyze
+from ..measures.score import Scores
+from ..measures.stats import spread
 from ..report.doc import Doc
 from ..report.figures import finish, pyplot
 from ..report.fmt import ci, growth, num

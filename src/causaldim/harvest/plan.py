@@ -144,7 +144,7 @@ def _resolve_hardware(
 # What a run writes under --out; "depth", "scale" and "controls" hold the controls' own.
 RUN_ENTRIES = {
     *("results.json", "stores", "saes", "scores", "subspace", "figures"),
-    *("report.md", "report.html"),
+    *("report.md", "report.html", "tables"),
 }
 CONTROL_ENTRIES = {"depth", "scale", "controls"}
 

@@ -50,15 +50,24 @@ class Doc:
         return "\n\n".join(out) + "\n"
 
     def html(self, title: str) -> str:
+        """A whole page, its figures inlined so that the file travels alone."""
+        return "\n".join(
+            [
+                "<!doctype html><html><head><meta charset='utf-8'>",
+                f"<title>{html.escape(title)}</title><style>body{{font-family:sans-serif;"
+                "max-width:980px;margin:2em auto;line-height:1.45}table{border-collapse:"
+                "collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:"
+                "right}th{background:#f3f3f3}td:first-child{text-align:left}img{max-width:100%}"
+                "</style></head><body>",
+                self.html_body(),
+                "</body></html>\n",
+            ]
+        )
+
+    def html_body(self) -> str:
+        """The blocks as an HTML fragment (a notebook cell's display)."""
         e = html.escape
-        out = [
-            "<!doctype html><html><head><meta charset='utf-8'>",
-            f"<title>{e(title)}</title><style>body{{font-family:sans-serif;max-width:980px;"
-            "margin:2em auto;line-height:1.45}table{border-collapse:collapse;margin:1em 0}"
-            "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
-            "th{background:#f3f3f3}td:first-child{text-align:left}img{max-width:100%}"
-            "</style></head><body>",
-        ]
+        out = []
         for b in self.blocks:
             if b[0] == "h":
                 out.append(f"<h{b[1]}>{e(b[2])}</h{b[1]}>")
@@ -72,7 +81,7 @@ class Doc:
                     "<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in b[2]
                 )
                 out.append(f"<table><tr>{head}</tr>{body}</table>")
-            elif b[0] == "img":  # inlined, so that the file travels alone
+            elif b[0] == "img":
                 data = base64.b64encode(b[1].read_bytes()).decode()
                 out.append(f"<img alt='{e(b[2])}' src='data:image/png;base64,{data}'>")
-        return "\n".join(out + ["</body></html>\n"])
+        return "\n".join(out)

@@ -8,8 +8,8 @@ import math
 from pathlib import Path
 
 from ..fileio import atomic_write_bytes
-from ..measure.fit import curve
-from ..measure.sigma import DIRECT
+from ..measures.fit import curve
+from ..measures.sigma import DIRECT
 
 READING_LABELS = {
     "loss": "loss  (E[g g^T])",

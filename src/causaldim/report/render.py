@@ -11,6 +11,7 @@ from ..fileio import atomic_write_bytes
 from .figures import plot_atp, plot_profile, plot_sigma, plot_subspace, plot_wedge
 from .results import load_results
 from .sections import build_report
+from .tables import write_csvs
 
 
 def figure_plan(results: dict, folder: Path) -> dict[str, tuple[Path, Callable[[Path], Path]]]:
@@ -42,8 +43,8 @@ def figure_plan(results: dict, folder: Path) -> dict[str, tuple[Path, Callable[[
 
 
 def render(results_path: Path | str, figures: bool = True, text: bool = True) -> list[Path]:
-    """The figures and the text reports (report.md, report.html) beside results.json, or
-    either alone; returns the paths written."""
+    """The figures and the text reports (report.md, report.html, tables/*.csv) beside
+    results.json, or either alone; returns the paths written."""
     results_path = Path(results_path)
     results = load_results(results_path)
     folder = results_path.parent
@@ -56,5 +57,5 @@ def render(results_path: Path | str, figures: bool = True, text: bool = True) ->
         atomic_write_bytes(md, doc.markdown(folder).encode())
         name = results["inputs"]["model"]["name"]
         atomic_write_bytes(page, doc.html(f"causaldim: {name}").encode())
-        written += [md, page]
+        written += [md, page, *write_csvs(results, folder / "tables")]
     return written

@@ -14,7 +14,7 @@ from ..paper import PAPER
 if TYPE_CHECKING:
     from ..config import AnalysisConfig, HarvestConfig, SweepConfig
     from ..harvest import Store
-    from ..measure.layer import Measurement
+    from ..measures.layer import Measurement
 
 SCHEMA = "causaldim.results/3"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from causaldim.measure.counts import calibrate, counts, resampled_counts, wedge
-from causaldim.measure.score import Scores
+from causaldim.measures.counts import calibrate, counts, resampled_counts, wedge
+from causaldim.measures.score import Scores
 
 
 def scores(atp, fired, blocks: int = 1) -> Scores:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from causaldim.measure.fit import FORMS, estimate_kappa, fit_form, grid_fits
+from causaldim.measures.fit import FORMS, estimate_kappa, fit_form, grid_fits
 
 WIDTHS = np.array([256, 512, 1024, 2048, 4096, 8192, 16384], float)
 TRUE = {  # kappa, then the form's own parameters; between 85% and 98% saturated at 16,384

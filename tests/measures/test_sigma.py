@@ -10,7 +10,7 @@ import torch
 from causaldim.config import AnalysisConfig
 from causaldim.harvest import harvest
 from causaldim.harvest.model_pass import fisher_probes_for, gaussian_probes, grads_at
-from causaldim.measure.sigma import BlockSums, accumulate, estimate, measure, spectrum
+from causaldim.measures.sigma import BlockSums, accumulate, estimate, measure, spectrum
 from causaldim.model.load import load_model, resolve_model
 
 D = 48

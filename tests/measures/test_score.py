@@ -6,8 +6,8 @@ import torch
 from reference import reference_atp
 
 from causaldim.harvest import harvest
-from causaldim.measure import attributed
-from causaldim.measure.score import atp_scores
+from causaldim.measures import attributed
+from causaldim.measures.score import atp_scores
 from causaldim.model.load import load_model, resolve_model
 from causaldim.sae import SAEConfig, build
 

@@ -10,8 +10,8 @@ import torch
 from causaldim.config import SweepConfig
 from causaldim.errors import UsageError
 from causaldim.harvest import harvest
-from causaldim.measure import sweep as sweep_mod
-from causaldim.measure.sweep import evaluate, load_entry, run_sweep
+from causaldim.measures import sweep as sweep_mod
+from causaldim.measures.sweep import evaluate, load_entry, run_sweep
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ Forms (m = SAE width, kappa = the asymptote):
 Least squares with Poisson-like weights (residual / sqrt(count)). The form is chosen by
 AICc = n log(RSS / n) + 2p + 2p(p + 1) / (n - p - 1), p the curve's parameters: a sweep
 has 4 to 8 widths, where plain AIC gives the 3-parameter lomax too many wins. On
-simulated Poisson sweeps of 8 widths (tests/measure/test_fit.py) AICc finds the true
+simulated Poisson sweeps of 8 widths (tests/measures/test_fit.py) AICc finds the true
 exponential or hyperbolic form about 90% and 80% of the time (AIC: 88% and 67%), and a
 true lomax rarely (AIC: half the time); at 5 widths no criterion does much better than
 a coin between the two 2-parameter forms, and lomax is never chosen. AICc is undefined

@@ -9,8 +9,8 @@ import pytest
 from causaldim.config import AnalysisConfig
 from causaldim.errors import UsageError
 from causaldim.harvest import harvest
-from causaldim.measure import debias, profile
-from causaldim.measure.sigma import accumulate, estimate
+from causaldim.measures import debias, profile
+from causaldim.measures.sigma import accumulate, estimate
 
 N_LAYERS = 4
 CHECKED = ("erank", "erank_corrected", "participation_ratio_unbiased", "n_eff")

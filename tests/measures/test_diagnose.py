@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from causaldim.config import AnalysisConfig
-from causaldim.measure import attributed, diagnose
-from causaldim.measure.analysis import analyze, not_estimable
-from causaldim.measure.score import Scores
+from causaldim.measures import attributed, diagnose
+from causaldim.measures.analysis import analyze, not_estimable
+from causaldim.measures.score import Scores
 
 D = 16
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from causaldim.measure.subspace import alignment, decoder_shares, directions_holding
+from causaldim.measures.subspace import alignment, decoder_shares, directions_holding
 
 
 def test_decoder_shares_measure_the_part_inside_the_basis():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from reference import reference_grad
 
-from causaldim.measure.splice import ce_loss_recovered, spliced_loss
+from causaldim.measures.splice import ce_loss_recovered, spliced_loss
 from causaldim.model.load import load_model, resolve_model
 
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from causaldim.config import AnalysisConfig
-from causaldim.measure import debias
-from causaldim.measure.sigma import BlockSums, estimate, spectrum
+from causaldim.measures import debias
+from causaldim.measures.sigma import BlockSums, estimate, spectrum
 
 _spec = importlib.util.spec_from_file_location(
     "debias_bench", Path(__file__).parents[2] / "benchmarks" / "debias.py"

@@ -1,0 +1,155 @@
+"""The Python API: `measure(...)` runs what `causaldim run` runs and returns a Results;
+`load(OUT)` reads a finished run. Results hold results.json and read it as numbers,
+tables (pandas DataFrames where pandas is installed), figures and an HTML display."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+from .report.results import load_results
+from .report.tables import TABLES, Row, write_csvs
+
+
+class Estimate(NamedTuple):
+    value: float
+    low: float | None  # the 95% interval
+    high: float | None
+
+
+class Results:
+    """A finished run, read from its results.json (the single source of every number)."""
+
+    def __init__(self, path: Path | str):
+        path = Path(path)
+        self.path = path / "results.json" if path.is_dir() else path
+        self.data: dict = load_results(self.path)
+        self.folder = self.path.parent
+
+    @property
+    def model(self) -> str:
+        return self.data["inputs"]["model"]["name"]
+
+    @property
+    def layer(self) -> int:
+        return self.data["store"]["layer"]
+
+    @property
+    def kappa(self) -> Estimate:
+        """The direct kappa: erank(E[J^T J]) of the logits reading (or the first reading
+        the run measured), corrected for finite samples, with its 95% interval."""
+        sigma = self.data["sigma"]
+        reading = next(r for r in ("logits", "loss", "fisher") if r in sigma)
+        return self.direct(reading)
+
+    def direct(self, reading: str) -> Estimate:
+        """One reading's corrected erank (loss, logits, fisher, activations)."""
+        if reading not in self.data["sigma"]:
+            raise KeyError(f"no {reading!r} reading; this run has {', '.join(self.data['sigma'])}")
+        e = self.data["sigma"][reading]
+        lo, hi = e.get("erank_corrected_95") or (None, None)
+        return Estimate(e["erank_corrected"], lo, hi)
+
+    @property
+    def kappa_hat(self) -> Estimate | None:
+        """The SAE-sweep estimate of the headline architecture (free fit), or None when it
+        is not estimable (`not_estimable` says why)."""
+        a = self.data["sweep"][self.data["headline"]]
+        if not a["estimable"]:
+            return None
+        free = a["kappa"]["free"]
+        return Estimate(free["kappa"], *free["interval_95"])
+
+    @property
+    def not_estimable(self) -> str | None:
+        return self.data["sweep"][self.data["headline"]].get("not_estimable")
+
+    @property
+    def headline(self) -> str:
+        """The lines a run prints at its end: the wedge, kappa_hat (or why not), warnings."""
+        from .report.sections import direct_kappa, summary
+
+        d = self.data["store"]["model"]["d_model"]
+        return "\n".join([*direct_kappa(self.data["sigma"], d)[:1], summary(self.data)])
+
+    def table(self, name: str) -> list[Row]:
+        """A table as rows (dicts): sigma, widths, fits, profile or saes."""
+        if name not in TABLES:
+            raise KeyError(f"no table {name!r}; choose one of {', '.join(TABLES)}")
+        return TABLES[name](self.data)
+
+    def to_dataframe(self, name: str = "sigma"):
+        """A table as a pandas DataFrame (pip install pandas, or causaldim[hub])."""
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ImportError(
+                "to_dataframe needs pandas: pip install pandas (or use .table(name))"
+            ) from None
+        return pd.DataFrame(self.table(name))
+
+    def to_csv(self, folder: Path | str | None = None) -> list[Path]:
+        """Every table as NAME.csv in folder (default: OUT/tables, as a run writes them)."""
+        return write_csvs(self.data, Path(folder) if folder else self.folder / "tables")
+
+    @property
+    def figures(self) -> dict[str, Path]:
+        """The run's figures by name (sigma, wedge_topk, atp_topk, ...), as drawn."""
+        folder = self.folder / "figures"
+        return {p.stem: p for p in sorted(folder.glob("*.png"))} if folder.is_dir() else {}
+
+    def _repr_html_(self) -> str:
+        from .report.doc import Doc
+        from .report.sections import headline, title
+
+        doc = Doc()
+        title(doc, self.data)
+        headline(doc, self.data)
+        rows = self.table("sigma")
+        keys = ("reading", "erank", "erank_low", "erank_high", "participation_ratio", "n_eff")
+        doc.table(list(keys), [[_cell(r[k]) for k in keys] for r in rows])
+        for name in ("sigma", f"wedge_{self.data['headline']}"):
+            if name in self.figures:
+                doc.img(self.figures[name], name)
+        return doc.html_body()
+
+    def __repr__(self) -> str:
+        k = self.kappa
+        hat = self.kappa_hat
+        said = "not estimable" if hat is None else f"{hat.value:.0f}"
+        return (
+            f"Results({self.model}, layer {self.layer}: kappa {k.value:.0f} "
+            f"[{k.low:.0f}, {k.high:.0f}], kappa_hat {said}; {self.path})"
+        )
+
+
+def _cell(value) -> str:
+    return f"{value:,.1f}" if isinstance(value, float) else str(value)
+
+
+def load(path: Path | str) -> Results:
+    """A finished run: its folder OUT or its results.json."""
+    return Results(path)
+
+
+def measure(
+    model: str | None = None,
+    layer: int | None = None,
+    *,
+    preset: str = "default",
+    progress: bool = True,
+    **settings,
+) -> Results:
+    """Measure one layer, as `causaldim run --preset PRESET --model MODEL --layer LAYER
+    --SETTING VALUE ...` does (settings by their field names: out, tokens, widths,
+    controls, ...). Finished stages of an earlier run in the same out are reused."""
+    from .config import preset_configs
+    from .pipeline import run
+
+    if model is not None:
+        settings["model"] = model
+    if layer is not None:
+        settings["layer"] = layer
+    harvest_cfg, sweep_cfg, analysis_cfg = preset_configs(preset, **settings)
+    result = run(harvest_cfg, sweep_cfg, analysis_cfg, progress=progress, preset=preset)
+    return Results(result.path)

@@ -1,0 +1,96 @@
+"""The Python API: measure() runs what `causaldim run` runs; load() reads it back as
+numbers, tables, CSV files and an HTML display, all from results.json."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+import causaldim
+from causaldim.errors import UsageError
+
+TINY = dict(
+    tokens=4096,
+    seq_len=32,
+    eval_fraction=0.25,
+    widths=[16, 32, 64, 128],
+    k=4,
+    epochs=1,
+    batch_tokens=256,
+    bootstrap=20,
+    blocks=8,
+    ce_sequences=2,
+)
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory, tiny_model, text_corpus):
+    out = tmp_path_factory.mktemp("api") / "run"
+    res = causaldim.measure(
+        tiny_model("llama"), 1, corpus=str(text_corpus), out=str(out), progress=False, **TINY
+    )
+    return res, out
+
+
+def test_measure_returns_the_runs_numbers(measured):
+    res, out = measured
+    raw = json.loads((out / "results.json").read_text())
+    logits = raw["sigma"]["logits"]
+    assert res.layer == 1 == raw["store"]["layer"]
+    assert res.kappa == (logits["erank_corrected"], *logits["erank_corrected_95"])
+    assert res.kappa.low <= res.kappa.value <= res.kappa.high
+    a = raw["sweep"]["topk"]
+    if a["estimable"]:
+        assert res.kappa_hat.value == a["kappa"]["free"]["kappa"]
+    else:
+        assert res.kappa_hat is None and res.not_estimable == a["not_estimable"]
+    assert "kappa_hat" in res.headline and "Direct kappa" in res.headline
+    assert "layer 1" in repr(res)
+
+
+def test_load_reads_a_folder_or_its_results_json_alike(measured):
+    res, out = measured
+    for other in (causaldim.load(out), causaldim.load(out / "results.json")):
+        assert other.data == res.data and other.path == out / "results.json"
+    with pytest.raises(UsageError, match="does not exist"):
+        causaldim.load(out / "nowhere")
+
+
+def test_tables_as_dataframes_and_the_csvs_a_run_writes(measured, tmp_path):
+    res, out = measured
+    sigma = res.to_dataframe("sigma")
+    assert list(sigma["reading"]) == list(res.data["sigma"])
+    assert sigma.set_index("reading").loc["logits", "erank"] == res.kappa.value
+    widths = res.to_dataframe("widths")
+    assert list(widths["width"]) == [16, 32, 64, 128]
+    per_width = res.data["sweep"]["topk"]["per_width"]
+    assert list(widths["n_causal"]) == [w["n_causal"] for w in per_width]
+    assert res.table("profile") == []  # no --profile: no rows, and no CSV
+    # The run wrote its tables beside results.json; to_csv writes the same elsewhere.
+    written = res.to_csv(tmp_path)
+    assert {p.name for p in written} == {p.name for p in (out / "tables").iterdir()}
+    for path in written:
+        assert path.read_text() == (out / "tables" / path.name).read_text()
+    with (tmp_path / "widths.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["n_causal"]) for r in rows] == [w["n_causal"] for w in per_width]
+    with pytest.raises(KeyError, match="choose one of"):
+        res.table("nope")
+
+
+def test_the_html_display_shows_the_headline_and_figures(measured):
+    res, _ = measured
+    page = res._repr_html_()
+    assert "Direct kappa" in page and f"{res.kappa.value:,.1f}" in page
+    assert "data:image/png;base64," in page and "<html" not in page
+    assert set(res.figures) >= {"sigma", "wedge_topk"}
+
+
+def test_bad_settings_are_refused_before_any_work(tmp_path):
+    with pytest.raises(UsageError, match="unknown setting"):
+        causaldim.measure(out=str(tmp_path / "x"), tokenz=5)
+    with pytest.raises(UsageError, match="must be"):
+        causaldim.measure(out=str(tmp_path / "x"), tokens="many")
+    assert not (tmp_path / "x").exists()
