@@ -239,3 +239,15 @@ def no_model_work(monkeypatch):
 
     for module in (harvest_mod, models, pipeline):
         monkeypatch.setattr(module, "load_model", forbidden)
+
+
+def hub_http_error(cls, message: str = "refused"):
+    """A huggingface_hub HTTP error (GatedRepoError, RepositoryNotFoundError, ...) as its
+    client raises it, on a response made with the client's own HTTP library."""
+    import importlib
+
+    from huggingface_hub import errors
+
+    http = importlib.import_module(errors.Response.__module__.split(".")[0])
+    response = http.Response(403, request=http.Request("GET", "https://huggingface.co/x"))
+    return cls(message, response=response)

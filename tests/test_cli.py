@@ -20,7 +20,7 @@ def cases(tmp_path, tiny_model, text_corpus):
     llama = tiny_model("llama")
     base = ["--model", llama, "--corpus", str(text_corpus), "--tokens", "1024", "--seq-len", "32"]
     return {
-        "unknown model": (["--model", "no-such-org/no-such-model"], "unknown model"),
+        "unknown model": (["--model", "no-such-org/no-such-model"], "is not in the HF cache"),
         "missing model path": (["--model", "./nowhere/model"], "neither a model folder"),
         "missing gguf": (["--model", str(tmp_path / "x.gguf")], "does not exist"),
         "layer out of range": ([*base, "--layer", "4"], "out of range"),

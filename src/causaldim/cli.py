@@ -181,8 +181,11 @@ def _cmd_run(args) -> int:
     cfg, sweep_cfg = _config(args, HarvestConfig), _config(args, SweepConfig)
     analysis_cfg = _config(args, AnalysisConfig)
     if args.dry_run:
-        plans = check(cfg, sweep_cfg, analysis_cfg)
+        plans = check(cfg, sweep_cfg, analysis_cfg, dry_run=True)
         _print_plan(plans.main, plans.sweep, analysis_cfg)
+        for reason in plans.would_stop:
+            print(f"here, a run would stop: {reason}")
+        print("dry run: nothing written")
         return 0
     result = run(cfg, sweep_cfg, analysis_cfg, progress=not args.quiet, preset=args.preset)
     results = result.results
@@ -202,6 +205,7 @@ def _cmd_run(args) -> int:
 
 def _print_plan(the_plan, sweep_cfg, analysis_cfg) -> None:
     from .costs import estimate
+    from .harvest.plan import CHARS_PER_TOKEN
 
     est = estimate(the_plan, sweep_cfg, analysis_cfg)
     s, cfg = the_plan.source, the_plan.config
@@ -210,6 +214,12 @@ def _print_plan(the_plan, sweep_cfg, analysis_cfg) -> None:
         f"model {cfg.model} ({s.family}, {s.n_layers} layers, d={s.d_model}), layer "
         f"{the_plan.layer}; corpus {the_plan.corpus.id}"
     )
+    if s.kind == "known-shape":
+        print(
+            f"the Hugging Face Hub cannot be reached: {cfg.model} is planned from its known "
+            f"shape, and its tokens from the corpus's characters (about "
+            f"{CHARS_PER_TOKEN} a token); a run needs the hub or the model in the HF cache"
+        )
     print(
         f"tokens: {est['tokens']['train']:,} train, {est['tokens']['eval']:,} eval, in "
         f"sequences of {cfg.seq_len}; probes: {cfg.logit_probes} logits, "
@@ -262,7 +272,6 @@ def _print_plan(the_plan, sweep_cfg, analysis_cfg) -> None:
         f"measured x {est['efficiency_assumed']} efficiency): about {sec['total'] / 60:,.1f} "
         f"min ({stages} s){'; the store would be reused' if reused else ''}"
     )
-    print("dry run: nothing written")
 
 
 def _cmd_train(args) -> int:

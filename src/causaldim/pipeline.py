@@ -49,13 +49,30 @@ class Plans(NamedTuple):
     side: dict[str, Plan | None]
     sweep: SweepConfig
     controls: list[str]
+    # A dry run's refusals of what this machine lacks (memory, disk): a run would stop there.
+    would_stop: tuple[str, ...] = ()
 
 
 def check(
-    cfg: HarvestConfig, sweep_cfg: SweepConfig, analysis_cfg: AnalysisConfig | None = None
+    cfg: HarvestConfig,
+    sweep_cfg: SweepConfig,
+    analysis_cfg: AnalysisConfig | None = None,
+    dry_run: bool = False,
 ) -> Plans:
-    """Every check that needs no weights; returns the plans."""
+    """Every check that needs no weights; returns the plans. A dry run plans a known hub
+    model from its shape when the hub cannot be reached, and lists what this machine lacks
+    (memory, disk) instead of stopping there."""
     analysis_cfg = analysis_cfg or AnalysisConfig()
+    would_stop: list[str] = []
+
+    def resource(check_fn, *args, **kw) -> None:
+        try:
+            check_fn(*args, **kw)
+        except UsageError as exc:
+            if not dry_run:
+                raise
+            would_stop.append(str(exc))
+
     sweep_cfg.check()
     analysis_cfg.check()
     analysis_cfg.check_against(sweep_cfg)
@@ -71,11 +88,12 @@ def check(
         if c.widen_sweep is not None:
             sweep_cfg = c.widen_sweep(sweep_cfg)
     executor_for(sweep_cfg.executor, sweep_cfg.ray_address)  # Ray installed, if asked for
-    main = plan(cfg, profile=analysis_cfg.profile)
+    main = plan(cfg, profile=analysis_cfg.profile, dry_run=dry_run)
     device = torch.device(main.config.device)
     sweep_cfg = replace(sweep_cfg, sae_dtype=resolve_dtype(sweep_cfg.sae_dtype, device))
     if sweep_cfg.executor == "local" and not sweep_cfg.sae_paths:
-        check_sae_training(
+        resource(
+            check_sae_training,
             main.source.d_model,
             sweep_cfg.widths,
             sweep_cfg.batch_tokens,
@@ -103,18 +121,24 @@ def check(
         for layer in c.extra_layers(analysis_cfg, main.source.n_layers, main.layer)
     ]
     if extra:
-        main = plan(cfg, extra_layers=tuple(extra), profile=analysis_cfg.profile)
+        main = plan(cfg, extra_layers=tuple(extra), profile=analysis_cfg.profile, dry_run=dry_run)
     if analysis_cfg.profile:
         c, need = main.config, main.pass_memory
         free = int(HEADROOM * memory(device)[1]) - need.weights - c.batch_size * need.per_sequence
         readings = len(profile.profile_readings(c.logit_probes, c.fisher_probes))
         blocks = min(analysis_cfg.profile_blocks, len(main.splits.eval))
-        profile.check_memory(
-            main.source.n_layers, main.source.d_model, blocks, readings, free, str(device)
+        resource(
+            profile.check_memory,
+            main.source.n_layers,
+            main.source.d_model,
+            blocks,
+            readings,
+            free,
+            str(device),
         )
-    _check_disk(main, sweep_cfg)
+    resource(_check_disk, main, sweep_cfg)
     side = {c.name: c.side_plan(cfg, analysis_cfg, main) for c in chosen if c.side_plan}
-    return Plans(main, side, sweep_cfg, selected)
+    return Plans(main, side, sweep_cfg, selected, tuple(would_stop))
 
 
 def _check_disk(the_plan: Plan, sweep_cfg: SweepConfig | None) -> None:

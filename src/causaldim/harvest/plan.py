@@ -45,13 +45,20 @@ class Plan(NamedTuple):
     pass_memory: ModelPassMemory  # the estimate the batch size came from
 
 
-def plan(cfg: HarvestConfig, extra_layers: tuple[int, ...] = (), profile: bool = False) -> Plan:
+def plan(
+    cfg: HarvestConfig,
+    extra_layers: tuple[int, ...] = (),
+    profile: bool = False,
+    dry_run: bool = False,
+) -> Plan:
     """Validate the request cheaply (config files and the corpus only); UsageError if bad.
     extra_layers are harvested in the same pass as cfg.layer, each into its own store;
-    with profile, the eval pass taps every block (its batch sized for that)."""
+    with profile, the eval pass taps every block (its batch sized for that). A dry run
+    plans a known hub model it cannot reach from its shape, and its corpus's tokens from
+    its characters."""
     cfg.check()
     device = resolve_device(cfg.device)
-    source = resolve_model(cfg.model, cfg.trust_remote_code)
+    source = resolve_model(cfg.model, cfg.trust_remote_code, shape_only=dry_run)
     layer = source.n_layers // 2 if cfg.layer is None else cfg.layer
     for i in (layer, *extra_layers):
         if not 0 <= i < source.n_layers:
@@ -71,8 +78,12 @@ def plan(cfg: HarvestConfig, extra_layers: tuple[int, ...] = (), profile: bool =
     identity = {"name": cfg.model, "family": source.family, **fingerprint(source)}
     out = Path(cfg.out)
     check_out_folder(out, identity)
+    if source.kind == "known-shape":  # no tokenizer to be had: the sequences' count will do
+        sequences = estimated_sequences(corpus, cfg.seq_len)
+    else:
+        sequences = tokenize(corpus, load_tokenizer(source), cfg.seq_len)
     splits = split(
-        tokenize(corpus, load_tokenizer(source), cfg.seq_len),
+        sequences,
         cfg.tokens,
         cfg.eval_fraction,
         cfg.seed,
@@ -113,6 +124,16 @@ def plan(cfg: HarvestConfig, extra_layers: tuple[int, ...] = (), profile: bool =
         dirs,
         pass_memory,
     )
+
+
+CHARS_PER_TOKEN = 4  # English text under the BPE tokenizers of today's LMs, roughly
+
+
+def estimated_sequences(corpus: Corpus, seq_len: int) -> torch.Tensor:
+    """Placeholder sequences, as many as the corpus would give at CHARS_PER_TOKEN (for a
+    plan whose model's tokenizer cannot be had): a view of one row, no memory."""
+    n = max(2, corpus.n_chars // CHARS_PER_TOKEN // seq_len)
+    return torch.zeros(1, seq_len, dtype=torch.int64).expand(n, seq_len)
 
 
 def _resolve_hardware(

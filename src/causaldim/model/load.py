@@ -20,6 +20,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from .. import hub
 from ..errors import UsageError
 from ..fileio import atomic_write_json, cache_dir, sha256_file
 
@@ -66,11 +67,46 @@ LAYER_PATHS = {
 }
 
 
+# The shapes of a few hub models, so that a dry run plans them with no network (their
+# configs as published; the weights, tokenizer and commit come from the hub at run time).
+KNOWN_SHAPES: dict[str, tuple[str, dict]] = {
+    "google/gemma-2-2b": (
+        "gemma2",
+        dict(
+            vocab_size=256_000,
+            hidden_size=2304,
+            intermediate_size=9216,
+            num_hidden_layers=26,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=256,
+            max_position_embeddings=8192,
+        ),
+    ),
+    "google/gemma-2-9b": (
+        "gemma2",
+        dict(
+            vocab_size=256_000,
+            hidden_size=3584,
+            intermediate_size=14_336,
+            num_hidden_layers=42,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=256,
+            max_position_embeddings=8192,
+        ),
+    ),
+    "gpt2": ("gpt2", dict(vocab_size=50_257, n_embd=768, n_layer=12, n_head=12, n_positions=1024)),
+}
+
+
 class ModelSource(NamedTuple):
     """A model resolved from its name, with its config read but no weights loaded."""
 
     name: str  # as the user gave it
-    kind: str  # "embedded" | "gguf" | "folder" | "hub"
+    # "embedded" | "gguf" | "folder" | "hub" | "known-shape" (a dry run's hub model that
+    # could not be reached: its config from KNOWN_SHAPES, nothing to load)
+    kind: str
     path: str  # folder, or hub id
     gguf_file: str | None
     config: object  # transformers.PretrainedConfig
@@ -132,12 +168,16 @@ def embedded_path(name: str) -> Path:
     return path
 
 
-def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
-    """Find a model and read its config (cheap); UsageError if it cannot be found."""
+def resolve_model(
+    name: str, trust_remote_code: bool = False, shape_only: bool = False
+) -> ModelSource:
+    """Find a model and read its config (cheap); UsageError if it cannot be found. With
+    shape_only (a dry run), a known hub model that cannot be reached is planned from its
+    known shape."""
     from transformers import AutoConfig
 
-    def read(path: str, gguf_file: str | None, kind: str, origin=None) -> ModelSource:
-        kw = {"trust_remote_code": trust_remote_code}
+    def read(path: str, gguf_file: str | None, kind: str, origin=None, **extra) -> ModelSource:
+        kw = {"trust_remote_code": trust_remote_code, **extra}
         if gguf_file:
             kw["gguf_file"] = gguf_file
         try:
@@ -171,13 +211,30 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
     if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
         raise UsageError(f"model path {name!r} is neither a model folder nor a .gguf file")
     try:
+        return read(name, None, "hub", local_files_only=True)  # the HF cache: no network
+    except UsageError:
+        pass
+    try:
+        hub.check_reachable("model", name, "a local model folder or .gguf file")
+    except hub.Unreachable:
+        if shape_only and name in KNOWN_SHAPES:
+            model_type, shape = KNOWN_SHAPES[name]
+            return ModelSource(name, "known-shape", name, None, _config_for(model_type, shape))
+        raise
+    try:
         return read(name, None, "hub")
     except UsageError as exc:
-        raise UsageError(
+        raise hub.explain(exc, "model", name) or UsageError(
             f"unknown model {name!r}: not embedded ({', '.join(EMBEDDED)}), not a local "
-            f"folder or .gguf file, and not found on the Hugging Face Hub or in its offline "
-            f"cache ({str(exc).split(': ', 1)[-1]})"
+            f"folder or .gguf file, and not found on the Hugging Face Hub "
+            f"({str(exc).split(': ', 1)[-1]})"
         ) from exc
+
+
+def _config_for(model_type: str, shape: dict):
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(model_type, **shape)
 
 
 def skeleton(source: ModelSource) -> nn.Module:
@@ -218,7 +275,7 @@ def decoder_layers(model: nn.Module, path: str) -> nn.ModuleList:
 
 def fingerprint(source: ModelSource) -> dict:
     """Identity of the weights: file hashes for local files, the commit for hub models."""
-    if source.kind == "hub":
+    if source.kind in ("hub", "known-shape"):
         return {"hub_id": source.path, "revision": getattr(source.config, "_commit_hash", None)}
     folder = Path(source.path)
     if source.gguf_origin:
