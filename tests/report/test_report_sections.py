@@ -434,11 +434,17 @@ def test_title_states_the_model_the_store_and_the_run():
     md = text(title, results=make_results())
     assert md.startswith("# Causal dimensionality of smollm2-135m, layer 15\n")
     assert (
-        "Residual stream at the output of block 15 (model.layers[15]), d = 576; corpus "
+        "Residual stream at the output of block 15 (model.layers[15]), d = 576; corpus: "
         "builtin-py3.11; 57,344 train and 8,192 eval tokens in sequences of 128; outliers left "
         "out: 1,234 tokens carrying 45.7% of the residual variance. Preset default, seed 7, "
         f"causaldim {__version__}, 612 s in all."
     ) in md
+    r = make_results()
+    r["inputs"]["model"]["description"] = "SmolLM2-135M-Instruct, GGUF Q4_1 de-quantised"
+    r["inputs"]["corpus"]["description"] = "docstrings of the Python 3.11 standard library"
+    md = text(title, results=r)
+    assert "\n\nSmolLM2-135M-Instruct, GGUF Q4_1 de-quantised. Residual stream at" in md
+    assert "; corpus: docstrings of the Python 3.11 standard library; " in md
 
 
 def test_headline_quotes_the_fits_the_direct_estimates_and_the_wedge():
@@ -831,7 +837,8 @@ def test_render_writes_the_reports_and_figures_from_results_json(tmp_path):
     folder = path.parent
     written = render(path)
     figures = [folder / "figures" / f"{k}.png" for k in ("sigma", "wedge_topk", "atp_topk")]
-    assert written == [*figures, folder / "report.md", folder / "report.html"]
+    tables = [folder / "tables" / f"{k}.csv" for k in ("sigma", "widths", "fits", "saes")]
+    assert written == [*figures, folder / "report.md", folder / "report.html", *tables]
     for f in figures:
         assert f.read_bytes().startswith(PNG) and f.stat().st_size > 1000
     md = (folder / "report.md").read_text()
@@ -849,7 +856,7 @@ def test_render_writes_the_reports_and_figures_from_results_json(tmp_path):
 
     # Text alone re-renders from the figures on disk; figures alone leave the text be.
     (folder / "report.md").unlink()
-    assert render(path, figures=False) == [folder / "report.md", folder / "report.html"]
+    assert render(path, figures=False) == [folder / "report.md", folder / "report.html", *tables]
     assert (folder / "report.md").read_text() == md
     assert render(path, text=False) == figures
 

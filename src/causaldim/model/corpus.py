@@ -44,6 +44,19 @@ class Splits(NamedTuple):
     n_available: int  # whole sequences the corpus gave before truncation to --tokens
 
 
+def describe_corpus(corpus: dict) -> str:
+    """A corpus's manifest entry as a reader should know it."""
+    cid = corpus["id"]
+    if cid.startswith("builtin:stdlib-docstrings:python-"):
+        version = cid.rsplit("-", 1)[1]
+        return f"docstrings of the Python {version} standard library (built in)"
+    hub = corpus.get("hub")
+    if hub:
+        parts = ", ".join(str(hub[k]) for k in ("config", "split") if hub.get(k))
+        return f"{hub['name']} ({parts}) from the Hugging Face Hub, revision {hub['revision']}"
+    return cid.removeprefix("path:")
+
+
 def _digest(texts: list[str]) -> str:
     h = hashlib.sha256()
     for t in texts:

@@ -152,6 +152,16 @@ class LoadedModel(NamedTuple):
         return next(self.model.parameters()).device
 
 
+def describe_model(name: str) -> str:
+    """The model as a reader should know it: what the embedded name stands for, or a GGUF
+    file's de-quantisation."""
+    if name in EMBEDDED:
+        return EMBEDDED[name].description
+    if name.endswith(".gguf"):
+        return f"{Path(name).name}, GGUF de-quantised to float"
+    return name
+
+
 def embedded_path(name: str) -> Path:
     """The GGUF file of an embedded model, found without importing its package."""
     emb = EMBEDDED[name]

@@ -53,6 +53,9 @@ def build_results(
 ) -> dict:
     """results.json of a run, from its resolved configs, the headline layer's store and
     Measurement, and the controls' results."""
+    from ..model.corpus import describe_corpus
+    from ..model.load import describe_model
+
     m = store.manifest
     training = {
         e.name: {
@@ -74,8 +77,11 @@ def build_results(
         },
         "seed": harvest_cfg.seed,
         "inputs": {
-            "model": m["model"]["identity"],
-            "corpus": m["corpus"],
+            "model": {
+                **m["model"]["identity"],
+                "description": describe_model(m["model"]["identity"]["name"]),
+            },
+            "corpus": {**m["corpus"], "description": describe_corpus(m["corpus"])},
             "store": {
                 "path": str(store.root.relative_to(out)),
                 "manifest_sha256": sha256_file(store.root / "manifest.json"),

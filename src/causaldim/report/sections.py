@@ -106,11 +106,13 @@ def build_report(results: dict, figures: dict[str, Path]) -> Doc:
 def title(doc: Doc, results: dict) -> None:
     s = results["store"]
     d = s["model"]["d_model"]
-    name = results["inputs"]["model"]["name"]
-    doc.h(1, f"Causal dimensionality of {name}, layer {s['layer']}")
+    model, corpus = results["inputs"]["model"], results["inputs"]["corpus"]
+    doc.h(1, f"Causal dimensionality of {model['name']}, layer {s['layer']}")
+    known_as = model.get("description", model["name"])
     doc.p(
-        f"Residual stream at the {s['site']}, d = {d}; corpus "
-        f"{results['inputs']['corpus']['id']}; "
+        ("" if known_as == model["name"] else f"{known_as}. ")
+        + f"Residual stream at the {s['site']}, d = {d}; corpus: "
+        f"{corpus.get('description', corpus['id'])}; "
         f"{s['tokens']['train']:,} train and {s['tokens']['eval']:,} eval tokens in sequences "
         f"of {s['seq_len']}; outliers left out: {s['outliers']['n_outliers']:,} tokens "
         f"carrying {pct(s['outliers']['variance_share'])} of the residual variance. "
