@@ -15,7 +15,7 @@ from ..config import HarvestConfig
 from ..devices import resolve_device, resolve_dtype
 from ..errors import UsageError
 from ..memory import ModelPassMemory, model_batch_size, model_pass_memory
-from ..model.corpus import Corpus, Splits, load_corpus, split, tokenize
+from ..model.corpus import Corpus, Splits, corpus_for, split
 from ..model.load import (
     ModelSource,
     decoder_layers,
@@ -67,16 +67,22 @@ def plan(cfg: HarvestConfig, extra_layers: tuple[int, ...] = (), profile: bool =
             f"--seq-len {cfg.seq_len} exceeds the context of {cfg.model} "
             f"({source.context_length} tokens)"
         )
-    corpus = load_corpus(cfg.corpus, cfg.text_field)
     identity = {"name": cfg.model, "family": source.family, **fingerprint(source)}
     out = Path(cfg.out)
-    check_out_folder(out, identity)
-    splits = split(
-        tokenize(corpus, load_tokenizer(source), cfg.seq_len),
+    check_out_folder(out, identity)  # before a hub corpus streams
+    # A hub corpus is streamed only up to the tokens the run needs, counted by this
+    # model's tokenizer; a local one is read whole.
+    corpus, sequences = corpus_for(
+        cfg.corpus,
+        load_tokenizer(source),
+        cfg.seq_len,
         cfg.tokens,
-        cfg.eval_fraction,
-        cfg.seed,
+        text_field=cfg.text_field,
+        hub_config=cfg.corpus_config,
+        hub_split=cfg.corpus_split,
+        hub_revision=cfg.corpus_revision,
     )
+    splits = split(sequences, cfg.tokens, cfg.eval_fraction, cfg.seed)
     n_params = sum(p.numel() for p in model.parameters())
     tapped = range(source.n_layers) if profile else {layer, *extra_layers}
     cfg, pass_memory = _resolve_hardware(cfg, device, source, n_params, min(tapped), len(tapped))
