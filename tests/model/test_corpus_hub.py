@@ -173,6 +173,35 @@ def test_a_second_load_reads_the_cache(hub, tok):
     assert len(hub.streams) == 2
 
 
+def test_a_damaged_cache_is_streamed_again(hub, tok, capsys):
+    first, _ = corpus_for("owner/name", tok, 32, 512)
+    (cached,) = corpus_mod.cache_dir().glob("hub-corpus-*.json")
+    obj = json.loads(cached.read_text())
+    obj["texts"][0] = "an edited document"
+    cached.write_text(json.dumps(obj))
+    again, _ = corpus_for("owner/name", tok, 32, 512)
+    assert again == first and len(hub.streams) == 2
+    assert "is damaged" in capsys.readouterr().err
+
+
+class CoarseTokenizer:
+    """Far fewer tokens per text than the tiny BPE: the same budget needs more texts."""
+
+    eos_token_id = 0
+
+    def __call__(self, texts, add_special_tokens=False):
+        return {"input_ids": [[1] * max(1, len(t) // 40) for t in texts]}
+
+
+def test_a_tokenizer_that_needs_more_text_reads_more_and_the_first_keeps_its_corpus(hub, tok):
+    first, _ = corpus_for("owner/name", tok, 32, 512)
+    coarse, _ = corpus_for("owner/name", CoarseTokenizer(), 32, 512)
+    assert len(hub.streams) == 2 and coarse.texts[: len(first.texts)] == first.texts
+    assert len(coarse.texts) > len(first.texts)
+    again, _ = corpus_for("owner/name", tok, 32, 512)  # the longer copy serves it
+    assert again == first and len(hub.streams) == 2  # same texts, same sha256: same store
+
+
 def test_without_network_a_cached_copy_serves_a_pinned_or_offline_run(hub, tok, monkeypatch):
     first, _ = corpus_for("owner/name", tok, 32, 512, hub_revision="v1")
     hub.info_error = httpx2.ConnectError("[Errno -3] Temporary failure in name resolution")
