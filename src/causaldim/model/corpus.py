@@ -456,7 +456,7 @@ def _hub_texts(hub: dict, n_tokens: int) -> Iterator[str]:
         if first:
             first = False
             print(
-                f"causaldim: note: streaming {name} ({hub['config'] or 'default config'}, "
+                f"causaldim: note: streaming {name} (config {hub['config'] or 'default'}, "
                 f"split {hub['split']}, revision {hub['revision'][:12]}) up to "
                 f"{n_tokens:,} tokens",
                 file=sys.stderr,
