@@ -212,7 +212,7 @@ def _print_plan(the_plan, sweep_cfg, analysis_cfg) -> None:
     reused = (the_plan.store_dir / "manifest.json").is_file()
     print(
         f"model {cfg.model} ({s.family}, {s.n_layers} layers, d={s.d_model}), layer "
-        f"{the_plan.layer}; corpus {the_plan.corpus.id}"
+        f"{the_plan.layer}; corpus {the_plan.corpus.label}"
     )
     if s.kind == "known-shape":
         print(

@@ -42,9 +42,22 @@ class HarvestConfig:
     corpus: str = _opt(
         "builtin",
         "Text to run on: 'builtin' (docstrings of this Python's standard library), a .txt "
-        "file or folder of .txt files, a .jsonl file, or a local HF dataset folder.",
+        "file or folder of .txt files, a .jsonl file, a local HF dataset folder, or a "
+        "Hugging Face hub dataset by name (e.g. 'NeelNanda/pile-10k'; streamed, only the "
+        "documents --tokens needs are read, and cached).",
     )
-    text_field: str = _opt("text", "Field holding the text in .jsonl files and HF datasets.")
+    corpus_config: str | None = _opt(
+        None, "Config (subset) of a hub --corpus, e.g. 'sample-10BT'; default: its default."
+    )
+    corpus_split: str = _opt("train", "Split of a hub --corpus to read.")
+    corpus_revision: str | None = _opt(
+        None,
+        "Branch, tag or commit sha of a hub --corpus; default: its latest commit (the sha "
+        "read is recorded). A cached copy of a pinned revision is used without the network.",
+    )
+    text_field: str = _opt(
+        "text", "Field holding the text in .jsonl files and HF datasets (local or hub)."
+    )
     tokens: int = _opt(
         65_536, "Tokens to harvest in all (train + eval); fewer if the corpus is smaller."
     )

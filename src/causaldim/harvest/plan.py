@@ -15,7 +15,7 @@ from ..config import HarvestConfig
 from ..devices import resolve_device, resolve_dtype
 from ..errors import UsageError
 from ..memory import ModelPassMemory, model_batch_size, model_pass_memory
-from ..model.corpus import Corpus, Splits, load_corpus, split, tokenize
+from ..model.corpus import Corpus, Splits, corpus_for, is_hub_name, load_corpus, split
 from ..model.load import (
     ModelSource,
     decoder_layers,
@@ -74,20 +74,31 @@ def plan(
             f"--seq-len {cfg.seq_len} exceeds the context of {cfg.model} "
             f"({source.context_length} tokens)"
         )
-    corpus = load_corpus(cfg.corpus, cfg.text_field)
     identity = {"name": cfg.model, "family": source.family, **fingerprint(source)}
     out = Path(cfg.out)
-    check_out_folder(out, identity)
+    check_out_folder(out, identity)  # before a hub corpus streams
     if source.kind == "known-shape":  # no tokenizer to be had: the sequences' count will do
+        if is_hub_name(cfg.corpus):
+            raise UsageError(
+                f"a dry run of {cfg.model} without the hub has no tokenizer to count "
+                f"{cfg.corpus}'s tokens with; plan it with a local --corpus"
+            )
+        corpus = load_corpus(cfg.corpus, cfg.text_field)
         sequences = estimated_sequences(corpus, cfg.seq_len)
     else:
-        sequences = tokenize(corpus, load_tokenizer(source), cfg.seq_len)
-    splits = split(
-        sequences,
-        cfg.tokens,
-        cfg.eval_fraction,
-        cfg.seed,
-    )
+        # A hub corpus is streamed only up to the tokens the run needs, counted by this
+        # model's tokenizer; a local one is read whole.
+        corpus, sequences = corpus_for(
+            cfg.corpus,
+            load_tokenizer(source),
+            cfg.seq_len,
+            cfg.tokens,
+            text_field=cfg.text_field,
+            hub_config=cfg.corpus_config,
+            hub_split=cfg.corpus_split,
+            hub_revision=cfg.corpus_revision,
+        )
+    splits = split(sequences, cfg.tokens, cfg.eval_fraction, cfg.seed)
     n_params = sum(p.numel() for p in model.parameters())
     tapped = range(source.n_layers) if profile else {layer, *extra_layers}
     cfg, pass_memory = _resolve_hardware(cfg, device, source, n_params, min(tapped), len(tapped))
