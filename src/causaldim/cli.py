@@ -161,6 +161,30 @@ def _parser(values: dict) -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_export)
 
+    p = sub.add_parser(
+        "compare",
+        help="One report across finished runs (layers, models, seeds, corpora, SAEs): "
+        "OUT/compare.json, OUT/compare.md, OUT/compare.html, OUT/figures/compare_*.png.",
+        description="Reads each run's results.json (nothing is recomputed): the direct kappa "
+        "per reading, kappa_hat, the wedges, the AtP distributions in units of each run's "
+        "epsilon and the profiles over depth, side by side, labelled by what differs.",
+    )
+    p.add_argument(
+        "runs",
+        type=Path,
+        nargs="+",
+        metavar="RUN",
+        help="A run's folder (its --out) or its results.json; at least 2.",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="Folder for the comparison: new, empty, or an "
+        "earlier comparison's (whose files alone are overwritten).",
+    )
+    p.set_defaults(func=_cmd_compare)
+
     p = sub.add_parser("models", help="List the embedded models and the known model families.")
     p.set_defaults(func=_cmd_models)
     return parser
@@ -310,6 +334,14 @@ def _cmd_report(args) -> int:
     print(sigma_table(results))
     print(summary(results))
     for path in render(args.results):
+        print(f"wrote: {path}")
+    return 0
+
+
+def _cmd_compare(args) -> int:
+    from .report.compare import compare
+
+    for path in compare(args.runs, args.out):
         print(f"wrote: {path}")
     return 0
 

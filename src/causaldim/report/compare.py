@@ -1,0 +1,641 @@
+"""Comparing finished runs (layers, models, seeds, corpora, SAE architectures) in one report:
+compare.json holds what every number and figure of the comparison is drawn from, taken
+from the runs' results.json alone; compare.md, compare.html and figures/compare_*.png are
+rendered from compare.json."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+from .. import __version__
+from ..errors import UsageError
+from ..fileio import atomic_write_bytes, read_sealed_json, sha256_file, write_sealed_json
+from ..measures.sigma import DIRECT
+from .doc import Doc
+from .figures import pyplot, save
+from .fmt import ci, growth, num
+from .results import SCHEMA, load_results
+
+COMPARE_SCHEMA = "causaldim.compare/1"
+FIGURES = {
+    "kappa": "figures/compare_kappa.png",
+    "profile": "figures/compare_profile.png",
+    "wedge": "figures/compare_wedge.png",
+    "atp": "figures/compare_atp.png",
+}
+OWN = {"compare.json", "compare.md", "compare.html", *FIGURES.values()}
+
+# What identifies a run, in the order its label names the fields that differ.
+IDENTITY = ("model", "corpus", "layer", "architecture", "sae_source", "seed")
+# Settings that the identity already shows, or that say where a run was written.
+NOT_COMPARED = {
+    "harvest.out",
+    "harvest.repair",
+    "harvest.seed",
+    "harvest.layer",
+    "harvest.model",
+    "harvest.corpus",
+    "sweep.sae_paths",
+}
+
+
+def compare(runs: list[Path | str], out: Path | str) -> list[Path]:
+    """compare.json, compare.md, compare.html and the figures of a comparison of finished
+    runs (their folders or their results.json) in out; returns the paths written. Every
+    input is checked before anything is written."""
+    paths = results_paths(runs)
+    results = read_runs(paths)
+    out = check_out(Path(out), paths)
+    data = build_comparison(results, paths)
+    return write_comparison(data, out)
+
+
+def results_paths(runs: list[Path | str]) -> list[Path]:
+    """Each RUN's results.json, or a one-line UsageError."""
+    if len(runs) < 2:
+        raise UsageError(
+            f"compare needs at least 2 runs, got {len(runs)}; pass the folders (or results.json) "
+            "of the runs to compare"
+        )
+    paths = []
+    for run in map(Path, runs):
+        path = run / "results.json" if run.is_dir() else run
+        if not path.is_file() or path.name != "results.json":
+            raise UsageError(
+                f"{run} has no results.json; pass a finished run's folder (its --out) or its "
+                "results.json"
+            )
+        paths.append(path.resolve())
+    seen: dict[Path, str] = {}
+    for run, path in zip(runs, paths, strict=True):
+        if path in seen:
+            raise UsageError(f"{run} and {seen[path]} are the same run; pass each run once")
+        seen[path] = str(run)
+    return paths
+
+
+def _schema_number(schema) -> int:
+    found = re.fullmatch(r"causaldim\.results/(\d+)", str(schema))
+    return int(found.group(1)) if found else -1
+
+
+def read_runs(paths: list[Path]) -> list[dict]:
+    """Every run's results, refused in one line where their schemas differ (naming both)
+    or where this causaldim cannot read them."""
+    schemas = []
+    for path in paths:
+        raw = read_sealed_json(path, "results (causaldim run with the same --out)")
+        schemas.append(raw.get("schema") or "none (an older causaldim)")
+    if len(set(schemas)) > 1:
+        first = {}  # each schema's first run, the oldest schema first
+        for schema, path in zip(schemas, paths, strict=True):
+            first.setdefault(schema, path)
+        (older, older_path), *_, (newer, newer_path) = sorted(
+            first.items(), key=lambda kv: _schema_number(kv[0])
+        )
+        raise UsageError(
+            f"the runs' results.json schemas differ: {older_path} has {older}, {newer_path} "
+            f"has {newer}; re-run or re-render the older one with the same causaldim as the "
+            f"other (this one reads {SCHEMA}; `causaldim run` with the run's same --out "
+            "reuses its store and SAEs)"
+        )
+    return [load_results(path) for path in paths]
+
+
+def check_out(out: Path, paths: list[Path]) -> Path:
+    """The comparison's folder: neither a run's folder nor one holding anything but an
+    earlier comparison's own files (which alone are overwritten)."""
+    resolved = out.resolve()
+    for path in paths:
+        if resolved == path.parent:
+            raise UsageError(
+                f"--out {out} is the folder of the run {path.parent}; pass a new folder for the "
+                "comparison"
+            )
+    if resolved.exists() and not resolved.is_dir():
+        raise UsageError(f"--out {out} is a file; pass a folder for the comparison")
+    if resolved.is_dir():
+        foreign = sorted(
+            p.relative_to(resolved).as_posix()
+            for p in resolved.rglob("*")
+            if not p.is_dir() and p.relative_to(resolved).as_posix() not in OWN
+        )
+        if foreign:
+            raise UsageError(
+                f"--out {out} holds files that are not a comparison ({foreign[0]}"
+                f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}); pass a new "
+                "or empty folder, or an earlier comparison's"
+            )
+    return resolved
+
+
+# ---------------------------------------------------------------------------------------
+# compare.json
+
+
+def _short_corpus(corpus_id: str) -> str:
+    return Path(corpus_id[5:]).name if corpus_id.startswith("path:") else corpus_id
+
+
+def _sae_source(results: dict) -> str:
+    return "files" if results["config"]["sweep"].get("sae_paths") else "trained"
+
+
+def _flat(config: dict) -> dict:
+    return {
+        f"{block}.{key}": value
+        for block, values in config.items()
+        for key, value in values.items()
+        if f"{block}.{key}" not in NOT_COMPARED
+    }
+
+
+def run_entry(results: dict, path: Path) -> dict:
+    """What the comparison keeps of one run: its identity, the direct eranks, the headline
+    sweep's kappa_hat, wedge, epsilon and AtP histograms, and the profile if any."""
+    store = results["store"]
+    n_layers, layer = store["model"]["n_layers"], store["layer"]
+    arch = results["headline"]
+    a = results["sweep"][arch]
+    free = a["kappa"]["free"]
+    depth = (lambda i: i / (n_layers - 1)) if n_layers > 1 else (lambda i: 0.0)
+    keep = (
+        "erank_corrected",
+        "erank_corrected_95",
+        "erank",
+        "participation_ratio_unbiased",
+        "participation_ratio_unbiased_95",
+        "n_eff",
+        "warning",
+    )
+    prof = results.get("profile")
+    profile = None
+    if prof:
+        profile = {
+            "run_layer": prof["run_layer"],
+            "layers": [
+                {
+                    "layer": int(i),
+                    "relative_depth": depth(int(i)),
+                    "readings": {
+                        r: {k: row[r][k] for k in ("erank_corrected", "erank_corrected_95")}
+                        for r in DIRECT
+                        if r in row
+                    },
+                }
+                for i, row in sorted(prof["layers"].items(), key=lambda kv: int(kv[0]))
+            ],
+        }
+    return {
+        "path": str(path),
+        "results_sha256": sha256_file(path),
+        "schema": results["schema"],
+        "causaldim_version": results["causaldim_version"],
+        "preset": results["preset"],
+        "model": results["inputs"]["model"]["name"],
+        "d_model": store["model"]["d_model"],
+        "n_layers": n_layers,
+        "layer": layer,
+        "relative_depth": depth(layer),
+        "seed": results["seed"],
+        "corpus": results["inputs"]["corpus"]["id"],
+        "architecture": arch,
+        "architectures": list(results["sweep"]),
+        "sae_source": _sae_source(results),
+        "sae_paths": list(results["config"]["sweep"].get("sae_paths") or []),
+        "config": _flat(results["config"]),
+        "sigma": {
+            r: {k: results["sigma"][r].get(k) for k in keep}
+            for r in DIRECT
+            if r in results["sigma"]
+        },
+        "kappa_hat": {
+            "estimable": a["estimable"],
+            "not_estimable": a["not_estimable"],
+            "form": free["form"],
+            "kappa": free["kappa"] if a["estimable"] else None,
+            "interval_95": free["interval_95"] if a["estimable"] else None,
+            "kappa_over_d": free["kappa_over_d"] if a["estimable"] else None,
+        },
+        "wedge": {
+            **a["wedge"],
+            "points": [
+                {
+                    "width": r["width"],
+                    "n_repr": r["n_repr"],
+                    "n_repr_95": r.get("n_repr_95"),
+                    "n_causal": r["n_causal"],
+                    "n_causal_95": r.get("n_causal_95"),
+                }
+                for r in a["per_width"]
+            ],
+        },
+        "epsilon": a["epsilon"],
+        "epsilon_95": a["epsilon_95"],
+        "percentile": a["percentile"],
+        "reference_width": a["reference_width"],
+        "normalisation": a["normalisation"],
+        # log10(AtP / epsilon), binned by the run itself: the data of its own AtP figure
+        "atp_histograms": [{"width": r["width"], **r["atp_histogram"]} for r in a["per_width"]],
+        "profile": profile,
+    }
+
+
+def _show(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def labels(entries: list[dict], differ: list[str], config_differ: list[str]) -> list[str]:
+    """A short label per run from what differs (model, corpus, layer, SAE, seed, then the
+    settings), unique: the runs' order where nothing tells them apart."""
+    short = {
+        "model": lambda e: Path(e["model"]).name or e["model"],  # a local folder: its name
+        "corpus": lambda e: _short_corpus(e["corpus"]),
+        "layer": lambda e: f"L{e['layer']}",
+        "architecture": lambda e: e["architecture"],
+        "sae_source": lambda e: e["sae_source"],
+        "seed": lambda e: f"s{e['seed']}",
+    }
+    made = [[short[f](e) for f in differ] for e in entries]
+    if len({" ".join(m) for m in made}) < len(made):
+        for m, e in zip(made, entries, strict=True):
+            m += [f"{k.split('.', 1)[1]}={_show(e['config'].get(k))}" for k in config_differ]
+    made = [" ".join(m) for m in made]
+    if len(set(made)) < len(made):  # the runs' folders tell them apart, else their order
+        folders = [Path(e["path"]).parent.name for e in entries]
+        tags = (
+            folders
+            if len(set(folders)) == len(folders)
+            else [f"#{i + 1}" for i in range(len(made))]
+        )
+        made = [f"{m} {t}".strip() for m, t in zip(made, tags, strict=True)]
+    return made
+
+
+def build_comparison(results: list[dict], paths: list[Path]) -> dict:
+    """compare.json: per run what the comparison shows, its label, and which fields differ."""
+    entries = [run_entry(r, p) for r, p in zip(results, paths, strict=True)]
+    differ = [f for f in IDENTITY if len({_show(e[f]) for e in entries}) > 1]
+    keys = sorted({k for e in entries for k in e["config"]})
+    config_differ = [k for k in keys if len({_show(e["config"].get(k)) for e in entries}) > 1]
+    for entry, label in zip(entries, labels(entries, differ, config_differ), strict=True):
+        entry["label"] = label
+    models_differ = len({(e["model"], e["n_layers"], e["d_model"]) for e in entries}) > 1
+    return {
+        "schema": COMPARE_SCHEMA,
+        "causaldim_version": __version__,
+        "results_schema": SCHEMA,
+        "differ": differ,
+        "config_differ": {k: [e["config"].get(k) for e in entries] for k in config_differ},
+        "same": {f: entries[0][f] for f in IDENTITY if f not in differ},
+        "models_differ": models_differ,
+        "profile_x": "relative_depth" if models_differ else "layer",
+        "readings": [r for r in DIRECT if any(r in e["sigma"] for e in entries)],
+        "runs": [{"label": e.pop("label"), **e} for e in entries],
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# Figures, from compare.json alone
+
+
+def _color(i: int) -> str:
+    return f"C{i % 10}"
+
+
+def plot_kappa(data: dict, path: Path) -> Path:
+    """Per run: the corrected erank of each direct reading with its 95% interval, one
+    marker per reading; kappa_hat with its interval where estimable; d as a grey dash."""
+    plt = pyplot()
+    runs, readings = data["runs"], data["readings"]
+    fig, ax = plt.subplots(figsize=(max(8.5, 1.3 * len(runs) + 5), 4.6))
+    markers = {"loss": "o", "logits": "s", "fisher": "^"}
+    slots = len(readings) + 1
+    offsets = [(j - (slots - 1) / 2) * 0.7 / slots for j in range(slots)]
+    for j, reading in enumerate(readings):
+        xs, ys, lo, hi = [], [], [], []
+        for i, run in enumerate(runs):
+            est = run["sigma"].get(reading)
+            if not est or est["erank_corrected"] is None:
+                continue
+            value, iv = est["erank_corrected"], est["erank_corrected_95"]
+            xs.append(i + offsets[j])
+            ys.append(value)
+            lo.append(value - iv[0] if iv else 0.0)
+            hi.append(iv[1] - value if iv else 0.0)
+        ax.errorbar(
+            xs,
+            ys,
+            [lo, hi],
+            fmt=markers.get(reading, "D"),
+            color=f"C{j}",
+            capsize=3,
+            label=f"direct, {reading} (corrected erank, 95%)",
+        )
+    xs, ys, lo, hi = [], [], [], []
+    for i, run in enumerate(runs):
+        k = run["kappa_hat"]
+        if k["estimable"] and k["kappa"] is not None and not math.isnan(k["kappa"]):
+            iv = k["interval_95"]
+            ok = iv and not any(v is None or math.isnan(v) for v in iv)
+            xs.append(i + offsets[-1])
+            ys.append(k["kappa"])
+            lo.append(max(k["kappa"] - iv[0], 0) if ok else 0.0)
+            hi.append(max(iv[1] - k["kappa"], 0) if ok else 0.0)
+    if xs:
+        ax.errorbar(
+            xs, ys, [lo, hi], fmt="D", mfc="none", color="C3", capsize=3, label="kappa_hat (SAEs)"
+        )
+    for i, run in enumerate(runs):
+        ax.hlines(run["d_model"], i - 0.42, i + 0.42, color="grey", lw=1, ls=":")
+    ax.plot([], [], color="grey", lw=1, ls=":", label="d of the run")
+    ax.set_xticks(range(len(runs)), [run["label"] for run in runs], rotation=20, ha="right")
+    ax.set_xlim(-0.6, len(runs) - 0.4)
+    ax.set_ylim(bottom=0)
+    missing = sum(not r["kappa_hat"]["estimable"] for r in runs)
+    title = "Direct kappa per run, kappa_hat beside it"
+    if missing:
+        title += f" (not estimable in {missing} of {len(runs)} runs)"
+    ax.set_xlabel("run")
+    ax.set_ylabel("kappa (erank)")
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    return save(fig, path)
+
+
+def plot_wedges(data: dict, path: Path) -> Path:
+    """N_repr (dashed, open) and N_causal (solid, with 95% intervals) against width, one
+    colour per run."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(10, 5))
+    top = 1
+    for i, run in enumerate(data["runs"]):
+        ms = max(8 - 1.5 * i, 3)  # smaller markers on top: runs that coincide still show
+        pts = run["wedge"]["points"]
+        widths = [p["width"] for p in pts]
+        ax.plot(
+            widths,
+            [p["n_repr"] for p in pts],
+            "o--",
+            mfc="none",
+            ms=ms,
+            color=_color(i),
+            label=f"{run['label']}: N_repr {growth(run['wedge']['n_repr_growth'])}",
+        )
+        y = [p["n_causal"] for p in pts]
+        err = None
+        if all(p.get("n_causal_95") for p in pts):
+            err = [
+                [max(v - p["n_causal_95"][0], 0) for v, p in zip(y, pts, strict=True)],
+                [max(p["n_causal_95"][1] - v, 0) for v, p in zip(y, pts, strict=True)],
+            ]
+        ax.errorbar(
+            widths,
+            y,
+            yerr=err,
+            fmt="s-",
+            ms=ms,
+            color=_color(i),
+            capsize=3,
+            label=f"{run['label']}: N_causal {growth(run['wedge']['n_causal_growth'])}",
+        )
+        top = max([top, *(p["n_repr"] for p in pts)])
+    ax.set_xscale("log")
+    ax.set_yscale("symlog", linthresh=1)  # zero counts still show
+    ax.set_ylim(0, top * 2)
+    ax.set_xlabel("SAE width m")
+    ax.set_ylabel("features (log above 1)")
+    ax.set_title("The wedges: N_repr (dashed) and N_causal (solid) of each run's headline sweep")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    return save(fig, path)
+
+
+def plot_atp_overlaid(data: dict, path: Path) -> Path:
+    """log10(AtP / epsilon) over features, each run at its reference width (where its
+    epsilon is set) and at its widest, normalised as in the run's own AtP figure."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4), sharey=True)
+    for ax, which in zip(axes, ("reference", "widest"), strict=True):
+        for i, run in enumerate(data["runs"]):
+            hists = run["atp_histograms"]
+            if which == "reference":
+                h = next((x for x in hists if x["width"] == run["reference_width"]), hists[0])
+            else:
+                h = hists[-1]
+            counts = h["counts"]
+            total = sum(counts) + h["zero"] or 1
+            ax.stairs(
+                [c / total for c in counts],
+                h["log10_edges"],
+                color=_color(i),
+                label=f"{run['label']}: m = {h['width']}, epsilon {run['epsilon']:.3g}",
+            )
+        ax.axvline(0, color="C3", lw=1, ls="--", label="epsilon")
+        ax.set_yscale("log")
+        ax.set_xlabel("log10(AtP / epsilon)")
+        ax.set_title(f"at each run's {which} width")
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("fraction of features (log)")
+    fig.suptitle("AtP distributions, each normalised by its run's epsilon (right: causal)")
+    fig.tight_layout()
+    return save(fig, path)
+
+
+def plot_profiles(data: dict, path: Path) -> Path:
+    """Every layer's corrected erank (95% bands) for the runs that have a profile, one
+    panel per direct reading; x is the layer, or layer / (n_layers - 1) where the models
+    differ. Each run's own layer is circled."""
+    plt = pyplot()
+    runs = [(i, r) for i, r in enumerate(data["runs"]) if r["profile"]]
+    readings = [
+        r
+        for r in data["readings"]
+        if any(r in row["readings"] for _, x in runs for row in x["profile"]["layers"])
+    ]
+    fig, axes = plt.subplots(1, len(readings), figsize=(4.6 * len(readings), 4.2), squeeze=False)
+    key = data["profile_x"]
+    for ax, reading in zip(axes[0], readings, strict=True):
+        for i, run in runs:
+            rows = [row for row in run["profile"]["layers"] if reading in row["readings"]]
+            x = [row[key] for row in rows]
+            est = [row["readings"][reading] for row in rows]
+            ax.plot(
+                x,
+                [e["erank_corrected"] for e in est],
+                "-o",
+                ms=3,
+                color=_color(i),
+                label=run["label"],
+            )
+            if all(e["erank_corrected_95"] for e in est):
+                ax.fill_between(
+                    x,
+                    [e["erank_corrected_95"][0] for e in est],
+                    [e["erank_corrected_95"][1] for e in est],
+                    color=_color(i),
+                    alpha=0.15,
+                )
+            here = [
+                (row[key], row["readings"][reading]["erank_corrected"])
+                for row in rows
+                if row["layer"] == run["profile"]["run_layer"]
+            ]
+            if here:
+                ax.plot(*here[0], "o", ms=9, mfc="none", color=_color(i))
+        ax.set_xlabel("layer" if key == "layer" else "relative depth, layer / (n_layers - 1)")
+        ax.set_ylabel("erank (corrected)")
+        ax.set_title(f"{reading}: kappa against depth")
+        ax.legend(fontsize=7)
+    fig.suptitle("Profiles over depth (circled: each run's own layer)")
+    fig.tight_layout()
+    return save(fig, path)
+
+
+def figure_plan(data: dict) -> dict:
+    plan = {"kappa": plot_kappa, "wedge": plot_wedges, "atp": plot_atp_overlaid}
+    if any(r["profile"] for r in data["runs"]):
+        plan["profile"] = plot_profiles
+    return plan
+
+
+# ---------------------------------------------------------------------------------------
+# The text, from compare.json alone
+
+FIELD_NAMES = {
+    "model": "model",
+    "corpus": "corpus",
+    "layer": "layer",
+    "architecture": "SAE architecture",
+    "sae_source": "SAE source",
+    "seed": "seed",
+}
+
+
+def with_interval(value, interval) -> str:
+    """A value and its 95% interval at one precision: whole numbers from 100 up."""
+    return f"{num(value)} {ci(interval, 0 if value is not None and abs(value) >= 100 else 1)}"
+
+
+def _kappa_hat(k: dict) -> str:
+    return with_interval(k["kappa"], k["interval_95"]) if k["estimable"] else "not estimable"
+
+
+def build_doc(data: dict, figures: dict[str, Path]) -> Doc:
+    runs, readings = data["runs"], data["readings"]
+    doc = Doc()
+    doc.h(1, f"Comparison of {len(runs)} causaldim runs")
+    differ = [FIELD_NAMES[f] for f in data["differ"]] + list(data["config_differ"])
+    same = [f"{FIELD_NAMES[f]} {_show(v)}" for f, v in data["same"].items()]
+    doc.p(
+        f"The runs differ in: {', '.join(differ) or 'nothing that results.json records'}. "
+        + (f"The same in all: {', '.join(same)}. " if same else "")
+        + "Labels name what differs. Every number here is read from the runs' results.json "
+        "(schema " + data["results_schema"] + ") through compare.json."
+    )
+    doc.h(2, "The runs")
+    head = ["run", "model", "d", "layer", "depth", "seed", "corpus", "SAE"]
+    head += [f"direct kappa, {r} [95%]" for r in readings]
+    head += ["kappa_hat [95%]", "N_causal growth [95%]", "N_repr growth", "epsilon"]
+    rows = []
+    for run in runs:
+        row = [
+            run["label"],
+            run["model"],
+            run["d_model"],
+            f"{run['layer']} of {run['n_layers']}",
+            f"{run['relative_depth']:.2f}",
+            run["seed"],
+            _short_corpus(run["corpus"]),
+            f"{run['architecture']} ({run['sae_source']})",
+        ]
+        for r in readings:
+            est = run["sigma"].get(r)
+            row.append(
+                with_interval(est["erank_corrected"], est["erank_corrected_95"]) if est else "n/a"
+            )
+        w = run["wedge"]
+        row += [
+            _kappa_hat(run["kappa_hat"]),
+            f"{growth(w['n_causal_growth'])} {ci(w.get('n_causal_growth_95'), 2)} over "
+            f"x{w['width_ratio']:g}",
+            growth(w["n_repr_growth"]),
+            f"{run['epsilon']:.3g}",
+        ]
+        rows.append(row)
+    doc.table(head, rows)
+    doc.p(
+        "Direct kappa: the corrected erank of Sigma per reading (95%: resampled sequence "
+        "blocks); kappa_hat: the free saturating fit of the headline sweep's N_causal; "
+        "depth: layer / (n_layers - 1)."
+    )
+    doc.ul(
+        [
+            f"{r['label']}: kappa_hat not estimable: {r['kappa_hat']['not_estimable']}"
+            for r in runs
+            if not r["kappa_hat"]["estimable"]
+        ]
+    )
+    if data["config_differ"]:
+        doc.h(2, "Settings that differ")
+        doc.table(
+            ["setting", *(r["label"] for r in runs)],
+            [[k, *map(_show, v)] for k, v in data["config_differ"].items()],
+        )
+    doc.h(2, "Direct kappa")
+    doc.img(figures["kappa"], "compare_kappa")
+    doc.h(2, "The wedges")
+    doc.img(figures["wedge"], "compare_wedge")
+    doc.h(2, "AtP distributions")
+    doc.p("Each run's AtP histogram in units of its own epsilon (the data of its atp figure).")
+    doc.img(figures["atp"], "compare_atp")
+    doc.h(2, "Profiles over depth")
+    with_profile = [r["label"] for r in runs if r["profile"]]
+    if not with_profile:
+        doc.p("No run has a profile (run with --profile to measure every layer): nothing drawn.")
+    else:
+        without = [r["label"] for r in runs if not r["profile"]]
+        doc.p(
+            f"Runs with a profile: {', '.join(with_profile)}"
+            + (f"; without (not drawn): {', '.join(without)}" if without else "")
+            + "; x: "
+            + (
+                "layer / (n_layers - 1), as the models differ."
+                if data["models_differ"]
+                else "layer."
+            )
+        )
+        doc.img(figures["profile"], "compare_profile")
+    doc.h(2, "Provenance")
+    doc.ul(
+        [
+            f"{r['label']}: {r['path']} (sha256 {r['results_sha256']}), causaldim "
+            f"{r['causaldim_version']}, preset {r['preset']}"
+            for r in runs
+        ]
+    )
+    return doc
+
+
+def write_comparison(data: dict, out: Path) -> list[Path]:
+    """compare.json, the figures, compare.md and compare.html in out; an earlier
+    comparison's figures that this one does not draw are removed."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "compare.json"]
+    write_sealed_json(written[0], data)
+    figures = {}
+    for key, draw in figure_plan(data).items():
+        figures[key] = draw(data, out / FIGURES[key])
+    for key, rel in FIGURES.items():
+        if key not in figures:
+            (out / rel).unlink(missing_ok=True)
+    written += list(figures.values())
+    doc = build_doc(data, figures)
+    md, page = out / "compare.md", out / "compare.html"
+    atomic_write_bytes(md, doc.markdown(out).encode())
+    atomic_write_bytes(page, doc.html(f"causaldim: {len(data['runs'])} runs compared").encode())
+    return [*written, md, page]
