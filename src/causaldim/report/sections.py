@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..model.sites import aliases
 from .doc import Doc
 from .fmt import ci, growth, num, pct, sci
 
@@ -109,7 +110,8 @@ def title(doc: Doc, results: dict) -> None:
     name = results["inputs"]["model"]["name"]
     doc.h(1, f"Causal dimensionality of {name}, layer {s['layer']}")
     doc.p(
-        f"Residual stream at the {s['site']}, d = {d}; corpus "
+        f"Residual stream at the {s['site']}, named elsewhere {aliases(s['layer'])}; "
+        f"d = {d}; corpus "
         f"{results['inputs']['corpus']['id']}; "
         f"{s['tokens']['train']:,} train and {s['tokens']['eval']:,} eval tokens in sequences "
         f"of {s['seq_len']}; outliers left out: {s['outliers']['n_outliers']:,} tokens "
