@@ -60,6 +60,9 @@ def build_results(
             "reused": e.reused,
             "seconds": e.meta["train_stats"]["seconds"],
             "steps": e.meta["train_stats"].get("steps"),
+            # imported: path, format, the site its metadata names ("unknown" if none) and,
+            # by --sae-release, release, id, repo and revision
+            **({"source": e.meta["source"]} if e.meta.get("source") else {}),
         }
         for e in [*here.entries, *here.replicates]
     }

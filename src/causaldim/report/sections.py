@@ -632,9 +632,32 @@ def provenance(doc: Doc, results: dict) -> None:
         "versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()),
         "seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in results["seconds"].items()),
     ]
+    items += [
+        imported_line(name, sae["source"])
+        for name, sae in results["saes"].items()
+        if sae.get("source")
+    ]
     if ce:
         items.append(
             f"CE loss recovered on {ce['n_predictions']:,} predictions: clean loss "
             f"{ce['clean_loss']:.3f}, mean-ablated {ce['mean_ablated_loss']:.3f}"
         )
     doc.ul(items)
+
+
+def imported_line(name: str, src: dict) -> str:
+    """Where an imported SAE came from, and the site its metadata names."""
+    if src.get("release"):
+        where = (
+            f"{src['release']} {src['id']} (hub {src['repo']}, revision "
+            f"{src.get('revision') or 'unknown'}), read from {src['path']}"
+        )
+    else:
+        where = f"{src.get('format', 'file')} {src['path']}"
+    site = (
+        f"site {src['site']} (the output of block {src['block']}, checked against the layer)"
+        if src.get("block") is not None
+        else "site unknown (its metadata names none; not checked against the layer)"
+    )
+    note = f"; note: {src['note']}" if src.get("note") else ""
+    return f"imported SAE {name}: {where}; {site}{note}"
