@@ -50,11 +50,13 @@ def measure_layer(
     load_lm: Callable[[], LoadedModel] | None = None,
     repair: bool = False,
     executor: Executor | None = None,
+    imports: list[dict] | None = None,
 ) -> Measurement:
     """Direct Sigma, the SAE sweep (SAEs under out/saes, trained or imported), AtP scores
     and the analysis of one store, the training and scoring jobs on executor (default: in
     this process, on the CPU); with load_lm, each SAE is also spliced into the model (CE
-    recovered). Each stage's seconds go into `seconds`."""
+    recovered). Each stage's seconds go into `seconds`. `imports`: the sources of the
+    imported SAEs, as the pipeline's check described them."""
 
     def timed(name: str, work):
         fault_point(f"stage.{name}")
@@ -67,7 +69,8 @@ def measure_layer(
     device = resolve_device(executor.device)  # under Ray, the driver's
     sigma = timed("sigma", lambda: measure(store, analysis_cfg, seed, device))
     trained = timed(
-        "sweep", lambda: sweep_saes(store, out, sweep_cfg, seed, progress, repair, executor)
+        "sweep",
+        lambda: sweep_saes(store, out, sweep_cfg, seed, progress, repair, executor, imports),
     )
     entries = [e for e in trained if e.replicate == 0]
     replicates = [e for e in trained if e.replicate > 0]

@@ -66,13 +66,16 @@ def build_results(
         }
         for e in [*here.entries, *here.replicates]
     }
+    sweep = sweep_cfg.to_dict()
+    if sweep.get("sae_release"):  # the files fetched are under saes, not --sae-paths
+        sweep["sae_paths"] = []
     return {
         "schema": SCHEMA,
         "causaldim_version": __version__,
         "preset": preset,
         "config": {
             "harvest": harvest_cfg.to_dict(),
-            "sweep": sweep_cfg.to_dict(),
+            "sweep": sweep,
             "analysis": analysis_cfg.to_dict(),
         },
         "seed": harvest_cfg.seed,
