@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 
 from causaldim import cli, pipeline
 from causaldim.config import SweepConfig
+from causaldim.controls.l0 import imported_l0_spread
 from causaldim.errors import UsageError
 from causaldim.sae import SAEConfig, build, hub
 from causaldim.sae.formats import export_saelens
@@ -227,7 +228,7 @@ def run_args(model: str, corpus, out, *extra: str) -> list[str]:
     ]
 
 
-def test_a_run_of_a_release_records_each_saes_provenance(
+def test_a_run_of_a_release_records_each_saes_provenance_and_flags_their_l0s(
     tmp_path, fake_hub, tiny_model, text_corpus, capsys
 ):
     out = tmp_path / "run"
@@ -260,9 +261,23 @@ def test_a_run_of_a_release_records_each_saes_provenance(
         "block": 2,
     }
     assert json.loads((out / "saes" / "jumprelu-w64" / "cfg.json").read_text())["source"] == source
+    # Gemma Scope-like SAEs of one threshold fire about in proportion to their width.
+    spread = r["sweep"]["jumprelu"]["l0_spread"]
+    assert spread["flagged"] and spread["max"] > 1.1 * spread["min"]
+    assert any("eval L0s differ by more than 10%" in w for w in r["sweep"]["jumprelu"]["warnings"])
     md = (out / "report.md").read_text()
+    assert "eval L0s differ by more than 10%" in md
     assert f"imported SAE jumprelu-w64: tiny-scope-res {IDS[1]} (hub {REPO}, revision {SHA})" in md
     assert "named elsewhere TransformerLens/SAELens blocks.2.hook_resid_post = blocks.3." in md
+
+
+def test_l0s_within_ten_percent_are_not_flagged():
+    near = imported_l0_spread({"jumprelu": {64: {"l0": 40.0}, 128: {"l0": 43.9}}})
+    assert not near["flagged"] and near["warning"] is None
+    far = imported_l0_spread({"jumprelu": {64: {"l0": 40.0}}, "topk": {64: {"l0": 44.1}}})
+    assert far["flagged"] and "40.0 (jumprelu-w64) to 44.1 (topk-w64)" in far["warning"]
+    dead = imported_l0_spread({"relu": {64: {"l0": 0.0}, 128: {"l0": 3.0}}})
+    assert dead["flagged"] and dead["ratio"] is None
 
 
 def refusal_cases(tmp_path) -> dict[str, tuple[list[str], str]]:
