@@ -230,6 +230,7 @@ def _cmd_run(args) -> int:
 def _print_plan(the_plan, sweep_cfg, analysis_cfg) -> None:
     from .costs import estimate
     from .harvest.plan import CHARS_PER_TOKEN
+    from .model.sites import describe as describe_site
 
     est = estimate(the_plan, sweep_cfg, analysis_cfg)
     s, cfg = the_plan.source, the_plan.config
@@ -249,6 +250,7 @@ def _print_plan(the_plan, sweep_cfg, analysis_cfg) -> None:
         f"sequences of {cfg.seq_len}; probes: {cfg.logit_probes} logits, "
         f"{cfg.fisher_probes} fisher"
     )
+    print(f"layer {the_plan.layer} is {describe_site(the_plan.layer)}")
     print(f"store: {the_plan.store_dir}{' (exists: would be reused)' if reused else ''}")
     if len(the_plan.store_dirs) > 1:
         print(

@@ -251,7 +251,7 @@ class AnalysisConfig:
             raise UsageError(f"--percentile must lie in (0, 100), got {self.percentile}")
 
     def check_against(self, sweep: SweepConfig) -> None:
-        if sweep.sae_paths:  # the widths are the imported SAEs', known once they are read
+        if sweep.imports:  # the widths are the imported SAEs', known once they are read
             return
         if self.reference_width is not None and self.reference_width not in sweep.widths:
             raise UsageError(
@@ -315,6 +315,21 @@ class SweepConfig:
             "params.npz files, SAELens or sparsify folders (their widths make the sweep)."
         },
     )
+    sae_release: str | None = _opt(
+        None,
+        "Pretrained SAEs by name, used instead of training: a release as SAELens names it "
+        "(gemma-scope-2b-pt-res, gemma-scope-9b-pt-res, gpt2-small-res-jb, "
+        "EleutherAI/sae-llama-3-8b-32x, ...) or any hub repo 'owner/name'; the SAEs are "
+        "named by --sae-ids and fetched into the Hugging Face cache.",
+    )
+    sae_ids: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "The SAEs of --sae-release, as their folders in its repo (e.g. "
+            "layer_12/width_16k/average_l0_82 layer_12/width_65k/average_l0_72; "
+            "blocks.7.hook_resid_pre; layers.12): their widths make the sweep."
+        },
+    )
     executor: str = _opt(
         "local",
         "Where the SAE and scoring jobs run: 'local' (this process) or 'ray' (Ray tasks, "
@@ -329,10 +344,29 @@ class SweepConfig:
         "Eval sequences on which each SAE is spliced into the model (CE loss recovered); 0: skip.",
     )
 
+    @property
+    def imports(self) -> bool:
+        """Whether the sweep's SAEs are imported (--sae-paths or --sae-release), not trained."""
+        return bool(self.sae_paths or self.sae_release)
+
     def check(self) -> None:
         missing = [p for p in self.sae_paths if not Path(p).exists()]
         if missing:
             raise UsageError(f"--sae-paths: {missing[0]} does not exist")
+        if self.sae_release and self.sae_paths:
+            raise UsageError(
+                "--sae-release and --sae-paths both name the sweep's SAEs; pass one of them"
+            )
+        if self.sae_ids and not self.sae_release:
+            raise UsageError(
+                "--sae-ids names SAEs of a release; pass the release with --sae-release "
+                "(e.g. --sae-release gemma-scope-2b-pt-res)"
+            )
+        if self.sae_release and not self.sae_ids:
+            raise UsageError(
+                f"--sae-release {self.sae_release}: name its SAEs with --sae-ids (e.g. "
+                "--sae-ids layer_12/width_16k/average_l0_82 for gemma-scope-2b-pt-res)"
+            )
         if not self.widths or any(w <= 0 for w in self.widths):
             raise UsageError("--widths must be positive integers")
         if sorted(set(self.widths)) != list(self.widths):
@@ -344,8 +378,9 @@ class SweepConfig:
             raise UsageError(f"--k must lie in 1..{self.widths[0]} (the smallest width)")
         if self.sae_seeds < 1:
             raise UsageError(f"--sae-seeds must be at least 1, got {self.sae_seeds}")
-        if self.sae_seeds > 1 and self.sae_paths:
-            raise UsageError("--sae-seeds trains replicates; with --sae-paths nothing is trained")
+        if self.sae_seeds > 1 and self.imports:
+            flag = "--sae-paths" if self.sae_paths else "--sae-release"
+            raise UsageError(f"--sae-seeds trains replicates; with {flag} nothing is trained")
         if self.ce_sequences < 0:
             raise UsageError("--ce-sequences must be >= 0")
         if self.checkpoint_steps < 0:

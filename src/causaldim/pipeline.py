@@ -35,9 +35,11 @@ from .measures.subspace import causal_subspace
 from .measures.sweep import SweepEntry, load_entries, splice_evaluation, sweep_saes
 from .memory import HEADROOM, check_sae_training
 from .model.load import LoadedModel, load_model
+from .model.sites import NotABlockOutput, equivalents
 from .report.render import render
 from .report.results import build_results
-from .sae.formats import peek_d_in
+from .sae import hub
+from .sae.formats import describe_source, peek_d_in
 
 
 class Plans(NamedTuple):
@@ -49,6 +51,9 @@ class Plans(NamedTuple):
     side: dict[str, Plan | None]
     sweep: SweepConfig
     controls: list[str]
+    # Per imported SAE (--sae-paths, --sae-release): its local path, format and the site
+    # its metadata names; for --sae-release also release, id, repo and revision.
+    imports: list[dict] = []
     # A dry run's refusals of what this machine lacks (memory, disk): a run would stop there.
     would_stop: tuple[str, ...] = ()
 
@@ -76,13 +81,16 @@ def check(
     sweep_cfg.check()
     analysis_cfg.check()
     analysis_cfg.check_against(sweep_cfg)
+    # The release's ids as files to fetch: no download yet (an unknown release stops here).
+    wanted = hub.resolve(sweep_cfg.sae_release, sweep_cfg.sae_ids) if sweep_cfg.sae_release else []
     selected = analysis_cfg.selected_controls()
     chosen = [controls.get(name) for name in selected]
-    if sweep_cfg.sae_paths and any(c.trains_own_saes for c in chosen):
+    if sweep_cfg.imports and any(c.trains_own_saes for c in chosen):
         own = [name for name in controls.NAMES if controls.get(name).trains_own_saes]
+        flag = "--sae-paths" if sweep_cfg.sae_paths else "--sae-release"
         raise UsageError(
-            f"--sae-paths holds one layer's SAEs, and the {', '.join(own[:-1])} and {own[-1]} "
-            "controls train their own; drop those controls or --sae-paths"
+            f"{flag} holds one layer's SAEs, and the {', '.join(own[:-1])} and {own[-1]} "
+            f"controls train their own; drop those controls or {flag}"
         )
     for c in chosen:
         if c.widen_sweep is not None:
@@ -91,7 +99,7 @@ def check(
     main = plan(cfg, profile=analysis_cfg.profile, dry_run=dry_run)
     device = torch.device(main.config.device)
     sweep_cfg = replace(sweep_cfg, sae_dtype=resolve_dtype(sweep_cfg.sae_dtype, device))
-    if sweep_cfg.executor == "local" and not sweep_cfg.sae_paths:
+    if sweep_cfg.executor == "local" and not sweep_cfg.imports:
         resource(
             check_sae_training,
             main.source.d_model,
@@ -102,18 +110,18 @@ def check(
             beside=main.pass_memory.weights,
         )
     trained = sweep_cfg.epochs * main.splits.train.numel()
-    if sweep_cfg.dead_tokens and sweep_cfg.dead_tokens >= trained and not sweep_cfg.sae_paths:
+    if sweep_cfg.dead_tokens and sweep_cfg.dead_tokens >= trained and not sweep_cfg.imports:
         raise UsageError(
             f"--dead-tokens {sweep_cfg.dead_tokens:,} is not below the {trained:,} tokens each "
             "SAE trains on: no feature could count as dead and AuxK would never switch on; "
             "pass a smaller value, or leave it out (default: a tenth of them)"
         )
-    for path in sweep_cfg.sae_paths:
-        if (d := peek_d_in(Path(path))) != main.source.d_model:
-            raise UsageError(
-                f"--sae-paths {path}: the SAE reads d = {d}, layer {main.layer} of "
-                f"{cfg.model} has d = {main.source.d_model}; pass SAEs of this model"
-            )
+    # Imported SAEs: fetched (--sae-release), then each checked against the model's d and
+    # the run's layer, from headers and metadata only.
+    sources = hub.fetch(wanted) if wanted else [{"path": p} for p in sweep_cfg.sae_paths]
+    imports = [_check_import(s, main, cfg.model) for s in sources]
+    if wanted:  # the fetched files go through the --sae-paths machinery
+        sweep_cfg = replace(sweep_cfg, sae_paths=[s["path"] for s in imports])
     extra = [
         layer
         for c in chosen
@@ -138,7 +146,38 @@ def check(
         )
     resource(_check_disk, main, sweep_cfg)
     side = {c.name: c.side_plan(cfg, analysis_cfg, main) for c in chosen if c.side_plan}
-    return Plans(main, side, sweep_cfg, selected, tuple(would_stop))
+    return Plans(main, side, sweep_cfg, selected, imports, tuple(would_stop))
+
+
+def _check_import(source: dict, the_plan: Plan, model: str) -> dict:
+    """An imported SAE refused, in one line, where it reads another d than the model's or
+    its metadata names another site than the run's layer; else its source, with the
+    format and the site it names ("unknown" where it names none)."""
+    path, layer = Path(source["path"]), the_plan.layer
+    label = (
+        f"--sae-release {source['release']} --sae-ids {source['id']}"
+        if "release" in source
+        else f"--sae-paths {path}"
+    )
+    if (d := peek_d_in(path)) != the_plan.source.d_model:
+        raise UsageError(
+            f"{label}: the SAE reads d = {d}, layer {layer} of {model} has "
+            f"d = {the_plan.source.d_model}; pass SAEs of this model"
+        )
+    here = f"this run measures --layer {layer} ({equivalents(layer)['transformer_lens']})"
+    try:
+        own = describe_source(path, source.get("id"))
+    except NotABlockOutput as exc:
+        raise UsageError(
+            f"{label}: {exc} (named by its metadata); {here}; pass residual-stream SAEs "
+            f"of layer {layer}"
+        ) from None
+    if own["block"] is not None and own["block"] != layer:
+        raise UsageError(
+            f"{label}: its metadata names {own['site']} (the output of block {own['block']}); "
+            f"{here}; pass SAEs of layer {layer}, or --layer {own['block']}"
+        )
+    return {**source, "path": str(path), **own}
 
 
 def _check_disk(the_plan: Plan, sweep_cfg: SweepConfig | None) -> None:
@@ -280,6 +319,7 @@ def run(
         harvested.load_lm,
         cfg.repair,
         executor,
+        imports=plans.imports,
     )
     headline = here.entries[0].architecture if sweep_cfg.sae_paths else sweep_cfg.architectures[0]
     subspace = causal_subspace(
@@ -339,7 +379,9 @@ def train(cfg: HarvestConfig, sweep_cfg: SweepConfig, progress: bool = True) -> 
     cfg, sweep_cfg = plans.main.config, plans.sweep
     harvested = harvest_stage(plans.main, progress, {})
     store = harvested.result.store
-    entries = sweep_saes(store, Path(cfg.out), sweep_cfg, cfg.seed, progress, cfg.repair, executor)
+    entries = sweep_saes(
+        store, Path(cfg.out), sweep_cfg, cfg.seed, progress, cfg.repair, executor, plans.imports
+    )
     ce = None
     if sweep_cfg.ce_sequences:
         seqs = store.token_ids("eval", sweep_cfg.ce_sequences)

@@ -12,11 +12,13 @@ from safetensors.torch import save_file
 from causaldim.errors import UsageError
 from causaldim.sae import SAEConfig, build
 from causaldim.sae.formats import (
+    describe_source,
     export_saelens,
     import_gemma_scope,
     import_saelens,
     load,
     load_any,
+    peek_source,
     save,
 )
 
@@ -99,3 +101,65 @@ def test_sparsify_folder_loads_as_topk(tmp_path):
 def test_unknown_folder_is_named(tmp_path):
     with pytest.raises(UsageError, match="no SAE this tool reads"):
         load_any(tmp_path)
+
+
+def test_an_export_names_its_layer_and_reads_back_as_that_site(tmp_path):
+    sae = trained_like("topk")
+    export_saelens(sae, tmp_path / "saelens", layer=3)
+    cfg = json.loads((tmp_path / "saelens" / "cfg.json").read_text())
+    assert cfg["metadata"]["hook_name"] == "blocks.3.hook_resid_post"
+    assert describe_source(tmp_path / "saelens") == {
+        "format": "saelens",
+        "site": "blocks.3.hook_resid_post",
+        "block": 3,
+    }
+    export_saelens(sae, tmp_path / "unnamed")  # no layer, no hook: it names nothing
+    assert describe_source(tmp_path / "unnamed")["site"] == "unknown"
+
+
+def test_each_format_says_what_site_it_reads_from_metadata_alone(tmp_path):
+    sae = trained_like("jumprelu")
+    save(sae, tmp_path / "ours", {"hook_name": "blocks.2.hook_resid_post"})
+    assert peek_source(tmp_path / "ours") == {
+        "format": "causaldim",
+        "site": "blocks.2.hook_resid_post",
+    }
+    npz = tmp_path / "layer_5" / "width_16k" / "average_l0_9" / "params.npz"
+    npz.parent.mkdir(parents=True)
+    np.savez(npz, W_dec=np.zeros((M, D), np.float32))
+    assert describe_source(npz)["block"] == 5
+    sparsify = tmp_path / "layers.4"
+    sparsify.mkdir()
+    save_file({"W_dec": torch.zeros(M, D)}, sparsify / "sae.safetensors")
+    (sparsify / "cfg.json").write_text(json.dumps({"d_in": D, "k": 4}))
+    assert describe_source(sparsify)["block"] == 4
+    # A hub id counts as metadata where the files name nothing.
+    plain = tmp_path / "plain.npz"
+    np.savez(plain, W_dec=np.zeros((M, D), np.float32))
+    assert describe_source(plain)["site"] == "unknown"
+    assert describe_source(plain, "layer_7/width_16k/average_l0_9")["block"] == 7
+
+
+@pytest.mark.parametrize("arch", ["relu", "topk"])
+def test_a_pre_6_saelens_config_reads_as_saelens_reads_it(tmp_path, arch):
+    sae = trained_like(arch)
+    export_saelens(sae, tmp_path / "old")
+    cfg = json.loads((tmp_path / "old" / "cfg.json").read_text())
+    for key in ("architecture", "metadata", "normalize_activations", "k"):
+        cfg.pop(key, None)
+    cfg.update(hook_point="blocks.6.hook_resid_pre", normalize_activations=False)
+    if arch == "topk":
+        cfg.update(activation_fn_str="topk", activation_fn_kwargs={"k": 4})
+    (tmp_path / "old" / "cfg.json").write_text(json.dumps(cfg))
+    x = torch.randn(50, D)
+    assert torch.equal(import_saelens(tmp_path / "old").encode(x), sae.encode(x))
+    assert describe_source(tmp_path / "old")["block"] == 5
+
+
+def test_a_saelens_folder_causaldim_cannot_read_is_refused_from_its_config(tmp_path):
+    export_saelens(trained_like("relu"), tmp_path / "normed")
+    cfg = json.loads((tmp_path / "normed" / "cfg.json").read_text())
+    cfg["normalize_activations"] = "expected_average_only_in"
+    (tmp_path / "normed" / "cfg.json").write_text(json.dumps(cfg))
+    with pytest.raises(UsageError, match="normalize_activations"):
+        peek_source(tmp_path / "normed")  # as the pipeline's check reads it, before work

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..config import AnalysisConfig, SweepConfig
+from ..controls.l0 import imported_l0_spread
 from ..devices import resolve_device
 from ..executors import Executor, LocalExecutor
 from ..faults import fault_point
@@ -50,11 +51,14 @@ def measure_layer(
     load_lm: Callable[[], LoadedModel] | None = None,
     repair: bool = False,
     executor: Executor | None = None,
+    imports: list[dict] | None = None,
 ) -> Measurement:
     """Direct Sigma, the SAE sweep (SAEs under out/saes, trained or imported), AtP scores
     and the analysis of one store, the training and scoring jobs on executor (default: in
     this process, on the CPU); with load_lm, each SAE is also spliced into the model (CE
-    recovered). Each stage's seconds go into `seconds`."""
+    recovered). Each stage's seconds go into `seconds`. `imports`: the sources of the
+    imported SAEs, as the pipeline's check described them; where their eval L0s differ by
+    more than 10%, each sweep's `l0_spread` and warnings say so."""
 
     def timed(name: str, work):
         fault_point(f"stage.{name}")
@@ -67,7 +71,8 @@ def measure_layer(
     device = resolve_device(executor.device)  # under Ray, the driver's
     sigma = timed("sigma", lambda: measure(store, analysis_cfg, seed, device))
     trained = timed(
-        "sweep", lambda: sweep_saes(store, out, sweep_cfg, seed, progress, repair, executor)
+        "sweep",
+        lambda: sweep_saes(store, out, sweep_cfg, seed, progress, repair, executor, imports),
     )
     entries = [e for e in trained if e.replicate == 0]
     replicates = [e for e in trained if e.replicate > 0]
@@ -118,4 +123,10 @@ def measure_layer(
             for arch in scores
         },
     )
+    if sweep_cfg.imports:  # SAEs of others' L0s: the widths may compare sparsities
+        spread = imported_l0_spread(evals)
+        for a in analysis.values():
+            a["l0_spread"] = spread
+            if spread["flagged"]:
+                a["warnings"].append(spread["warning"])
     return Measurement(sigma, entries, saes, scores, evals, analysis, ce, replicates)

@@ -18,9 +18,10 @@ from ..errors import IntegrityError, UsageError
 from ..executors import Executor, LocalExecutor
 from ..harvest.store import Store, key_digest
 from ..memory import dense_batch_tokens
+from ..model.sites import equivalents
 from ..sae import SAE, SAEConfig, build
 from ..sae.checkpoint import Checkpoint
-from ..sae.formats import CONFIG, load, load_any, read_meta, save, verify
+from ..sae.formats import CONFIG, describe_source, load, load_any, read_meta, save, verify
 from ..sae.train import Normalizer, TrainSettings, train_sae
 from .splice import ce_loss_recovered
 
@@ -133,6 +134,8 @@ def train_job(job: TrainJob, device: str = "cpu") -> None:
     stats = train_sae(sae, batches, settings, job.steps, normalizer, held_out, checkpoint)
     meta = {
         "request": request,
+        # the site, as SAELens names it: an import of this folder is checked against it
+        "hook_name": equivalents(store.manifest["layer"])["saelens"],
         "train_stats": {**stats._asdict(), "seconds": time.perf_counter() - t},
         "normalizer": {"scale": normalizer.scale},
         "eval": evaluate(sae.requires_grad_(False), store),
@@ -201,21 +204,29 @@ def sweep_saes(
     progress: bool = True,
     repair: bool = False,
     executor: Executor | None = None,
+    imports: list[dict] | None = None,
 ) -> list[SweepEntry]:
-    """The sweep's SAEs: imported from cfg.sae_paths where given, else trained."""
+    """The sweep's SAEs: imported from cfg.sae_paths where given (`imports`: their sources
+    as the pipeline's check described them), else trained."""
     if cfg.sae_paths:
-        return import_saes(store, out, cfg.sae_paths)
+        return import_saes(store, out, cfg.sae_paths, imports)
     return run_sweep(store, out, cfg, seed, progress, repair, executor)
 
 
-def import_saes(store: Store, out: Path, paths: list[str]) -> list[SweepEntry]:
+def import_saes(
+    store: Store, out: Path, paths: list[str], sources: list[dict] | None = None
+) -> list[SweepEntry]:
     """SAEs trained elsewhere (Gemma Scope params.npz, SAELens or sparsify folders, our own)
     in place of training: each is evaluated on the store and saved under out/saes like a
-    trained one, so that everything downstream treats them alike. Entries are ordered by
-    architecture, then width."""
+    trained one, so that everything downstream treats them alike. Each entry's meta holds
+    its `source`: path, format and the site its metadata names (and, fetched by
+    --sae-release, release, id, repo and revision), from `sources` where given. Entries are
+    ordered by architecture, then width."""
     fingerprint, entries = key_digest(store.manifest["key"]), []
+    by_path = {str(Path(s["path"])): s for s in sources or []}
     for path in paths:
         source = Path(path)
+        described = by_path.get(str(source)) or {"path": str(source), **describe_source(source)}
         request = {"store": fingerprint, "imported": str(source.resolve())}
         sae = load_any(source)
         if sae.cfg.d_in != store.d_model:
@@ -230,8 +241,12 @@ def import_saes(store: Store, out: Path, paths: list[str]) -> list[SweepEntry]:
                 "request": request,
                 "train_stats": {"seconds": 0.0, "steps": None, "imported_from": str(source)},
                 "eval": evaluate(sae.requires_grad_(False), store),
+                "source": described,
             }
+            if described.get("block") is not None:
+                meta["hook_name"] = equivalents(described["block"])["saelens"]
             save(sae, folder, meta)
+        meta = {**meta, "source": described}  # as this run found it, if reused
         entries.append(SweepEntry(sae.architecture, sae.cfg.width, folder, True, meta))
     entries.sort(key=lambda e: (e.architecture, e.width))
     if len({(e.architecture, e.width) for e in entries}) < len(entries):

@@ -63,16 +63,22 @@ def build_results(
             "reused": e.reused,
             "seconds": e.meta["train_stats"]["seconds"],
             "steps": e.meta["train_stats"].get("steps"),
+            # imported: path, format, the site its metadata names ("unknown" if none) and,
+            # by --sae-release, release, id, repo and revision
+            **({"source": e.meta["source"]} if e.meta.get("source") else {}),
         }
         for e in [*here.entries, *here.replicates]
     }
+    sweep = sweep_cfg.to_dict()
+    if sweep.get("sae_release"):  # the files fetched are under saes, not --sae-paths
+        sweep["sae_paths"] = []
     return {
         "schema": SCHEMA,
         "causaldim_version": __version__,
         "preset": preset,
         "config": {
             "harvest": harvest_cfg.to_dict(),
-            "sweep": sweep_cfg.to_dict(),
+            "sweep": sweep,
             "analysis": analysis_cfg.to_dict(),
         },
         "seed": harvest_cfg.seed,

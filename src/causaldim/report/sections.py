@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..model.sites import aliases
 from .doc import Doc
 from .fmt import ci, growth, num, pct, sci
 
@@ -111,8 +112,8 @@ def title(doc: Doc, results: dict) -> None:
     known_as = model.get("description", model["name"])
     doc.p(
         ("" if known_as == model["name"] else f"{known_as}. ")
-        + f"Residual stream at the {s['site']}, d = {d}; corpus: "
-        f"{corpus.get('description', corpus['id'])}; "
+        + f"Residual stream at the {s['site']}, named elsewhere {aliases(s['layer'])}; "
+        f"d = {d}; corpus: {corpus.get('description', corpus['id'])}; "
         f"{s['tokens']['train']:,} train and {s['tokens']['eval']:,} eval tokens in sequences "
         f"of {s['seq_len']}; outliers left out: {s['outliers']['n_outliers']:,} tokens "
         f"carrying {pct(s['outliers']['variance_share'])} of the residual variance. "
@@ -632,9 +633,32 @@ def provenance(doc: Doc, results: dict) -> None:
         "versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()),
         "seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in results["seconds"].items()),
     ]
+    items += [
+        imported_line(name, sae["source"])
+        for name, sae in results["saes"].items()
+        if sae.get("source")
+    ]
     if ce:
         items.append(
             f"CE loss recovered on {ce['n_predictions']:,} predictions: clean loss "
             f"{ce['clean_loss']:.3f}, mean-ablated {ce['mean_ablated_loss']:.3f}"
         )
     doc.ul(items)
+
+
+def imported_line(name: str, src: dict) -> str:
+    """Where an imported SAE came from, and the site its metadata names."""
+    if src.get("release"):
+        where = (
+            f"{src['release']} {src['id']} (hub {src['repo']}, revision "
+            f"{src.get('revision') or 'unknown'}), read from {src['path']}"
+        )
+    else:
+        where = f"{src.get('format', 'file')} {src['path']}"
+    site = (
+        f"site {src['site']} (the output of block {src['block']}, checked against the layer)"
+        if src.get("block") is not None
+        else "site unknown (its metadata names none; not checked against the layer)"
+    )
+    note = f"; note: {src['note']}" if src.get("note") else ""
+    return f"imported SAE {name}: {where}; {site}{note}"

@@ -21,6 +21,7 @@ from safetensors.torch import save as save_bytes
 
 from ..errors import IntegrityError, UsageError
 from ..fileio import atomic_write_bytes, read_sealed_json, sha256_file, write_sealed_json
+from ..model.sites import equivalents, site_of
 from . import SAE, SAEConfig, build
 
 FORMAT = "causaldim-sae/1"
@@ -114,8 +115,15 @@ def load(folder: Path, device: str | torch.device = "cpu") -> SAE:
 # ------------------------------------------------------------------------------- SAELens
 
 
-def export_saelens(sae: SAE, folder: Path, hook_name: str = "", model_name: str = "") -> Path:
-    """A folder SAELens' `SAE.load_from_disk` reads: cfg.json + sae_weights.safetensors."""
+def export_saelens(
+    sae: SAE, folder: Path, hook_name: str = "", model_name: str = "", layer: int | None = None
+) -> Path:
+    """A folder SAELens' `SAE.load_from_disk` reads: cfg.json + sae_weights.safetensors.
+    With the layer known and no hook_name given, the hook is `blocks.{layer}.hook_resid_post`
+    (the output of block `layer`), so that the folder, imported again, is checked against
+    the run's layer."""
+    if not hook_name and layer is not None:
+        hook_name = equivalents(layer)["saelens"]
     cfg = {
         "architecture": _SAELENS_ARCH[sae.architecture],
         "d_in": sae.cfg.d_in,
@@ -138,20 +146,31 @@ def export_saelens(sae: SAE, folder: Path, hook_name: str = "", model_name: str 
     )
 
 
-def import_saelens(folder: Path) -> SAE:
-    folder = Path(folder)
+def _saelens_cfg(folder: Path) -> tuple[str, dict]:
+    """A SAELens cfg.json as SAELens reads it (keys before 6.0 too: TopK as activation_fn
+    'topk', normalize_activations False), and our architecture for it; a UsageError for
+    what causaldim does not read."""
     cfg = json.loads((folder / "cfg.json").read_text())
+    if cfg.get("activation_fn_str", cfg.get("activation_fn")) == "topk" and "k" not in cfg:
+        k = (cfg.get("activation_fn_kwargs") or {}).get("k")
+        cfg = {**cfg, "architecture": "topk", "k": k}
     arch = {v: k for k, v in _SAELENS_ARCH.items()}.get(cfg.get("architecture", "standard"))
     if arch is None:
         raise UsageError(
             f"{folder}: SAELens architecture {cfg['architecture']!r} is not supported "
             f"(supported: {', '.join(_SAELENS_ARCH.values())})"
         )
-    if cfg.get("normalize_activations", "none") not in ("none", None):
+    if cfg.get("normalize_activations", "none") not in ("none", None, False):  # False: pre-6.0
         raise UsageError(
             f"{folder}: normalize_activations={cfg['normalize_activations']!r} is not "
             "supported; export the SAE with normalisation folded into its weights"
         )
+    return arch, cfg
+
+
+def import_saelens(folder: Path) -> SAE:
+    folder = Path(folder)
+    arch, cfg = _saelens_cfg(folder)
     t = load_file(folder / "sae_weights.safetensors")
     if not cfg.get("apply_b_dec_to_input", True):
         t["b_enc"] = t["b_enc"] + t["b_dec"] @ t["W_enc"]  # x W + b == (x - b_dec) W + b'
@@ -236,3 +255,51 @@ def peek_d_in(path: Path) -> int:
         f"{path} is no SAE this tool reads: expected a causaldim, SAELens or sparsify "
         "folder, or a Gemma Scope params.npz"
     )
+
+
+def hook_name_of(cfg: dict) -> str | None:
+    """The hook a SAELens cfg.json names: `hook_name`, `metadata.hook_name` (SAELens 6) or
+    `hook_point` (before 6.0); None if none."""
+    meta = cfg.get("metadata") if isinstance(cfg.get("metadata"), dict) else {}
+    for name in (cfg.get("hook_name"), meta.get("hook_name"), cfg.get("hook_point")):
+        if isinstance(name, str) and name.strip():
+            return name.strip()
+    return None
+
+
+def peek_source(path: Path) -> dict:
+    """What an SAE file says of itself, from its metadata only (no weights read): its
+    format, and the site it names (`site`: a hook name, a Gemma Scope `layer_N` component
+    of its path, a sparsify folder name `layers.N`; None if it names none). Read
+    with causaldim.model.sites.site_of."""
+    import re
+
+    path = Path(path)
+    if path.suffix == ".npz":
+        parts = [p for p in path.parent.parts if re.fullmatch(r"layer_\d+|embedding", p)]
+        return {"format": "gemma-scope", "site": parts[-1] if parts else None}
+    if (path / CONFIG).is_file() and (path / WEIGHTS).is_file():
+        meta = json.loads((path / CONFIG).read_text())
+        if meta.get("format") == FORMAT:
+            return {"format": "causaldim", "site": meta.get("hook_name")}
+        named = re.fullmatch(r"layers\.\d+(\..+)?|embed_tokens", path.name)
+        return {"format": "sparsify", "site": path.name if named else None}
+    if (path / "sae_weights.safetensors").is_file() and (path / "cfg.json").is_file():
+        _, cfg = _saelens_cfg(path)  # what causaldim cannot read is refused here, before work
+        return {"format": "saelens", "site": hook_name_of(cfg)}
+    raise UsageError(
+        f"{path} is no SAE this tool reads: expected a causaldim, SAELens or sparsify "
+        "folder, or a Gemma Scope params.npz"
+    )
+
+
+def describe_source(path: Path, sae_id: str | None = None) -> dict:
+    """An imported SAE's format and the site its metadata names (`site`: the name, or
+    "unknown"; `block`: the block whose output it is, or None), from metadata only. A hub
+    id (`sae_id`) counts as metadata where the files name nothing. NotABlockOutput (a
+    UsageError) where the metadata names another site than a block's output."""
+    own = peek_source(path)
+    for name in (own["site"], sae_id):
+        if name and (block := site_of(name)) is not None:
+            return {"format": own["format"], "site": name, "block": block}
+    return {"format": own["format"], "site": "unknown", "block": None}
