@@ -241,7 +241,7 @@ def no_model_work(monkeypatch):
         monkeypatch.setattr(module, "load_model", forbidden)
 
 
-def hub_http_error(cls, message: str = "refused"):
+def hub_http_error(cls, message: str = "refused", status: int = 403):
     """A huggingface_hub HTTP error (GatedRepoError, RepositoryNotFoundError, ...) as its
     client raises it, on a response made with the client's own HTTP library."""
     import importlib
@@ -249,5 +249,5 @@ def hub_http_error(cls, message: str = "refused"):
     from huggingface_hub import errors
 
     http = importlib.import_module(errors.Response.__module__.split(".")[0])
-    response = http.Response(403, request=http.Request("GET", "https://huggingface.co/x"))
+    response = http.Response(status, request=http.Request("GET", "https://huggingface.co/x"))
     return cls(message, response=response)

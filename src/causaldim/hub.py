@@ -17,6 +17,35 @@ def offline() -> bool:
     return is_offline_mode()
 
 
+def is_network_error(exc: BaseException) -> bool:
+    """No answer from the hub (offline mode, no connection, a timeout), as opposed to an
+    answer that refuses (not found, gated)."""
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+    if isinstance(exc, OfflineModeIsEnabled):
+        return True
+    if isinstance(exc, HfHubHTTPError):  # an answer (an OSError too)
+        return False
+    transport = []
+    for module in ("httpx2", "httpx"):
+        try:
+            transport.append(__import__(module).TransportError)
+        except (ImportError, AttributeError):
+            pass
+    if isinstance(exc, (ConnectionError, TimeoutError, *transport)):
+        return True
+    try:
+        from datasets.exceptions import DatasetsError
+    except ImportError:
+        DatasetsError = ()  # noqa: N806
+    return isinstance(exc, OSError) and not isinstance(exc, (FileNotFoundError, DatasetsError))
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def reachable(timeout: float = 3.0) -> bool:
     """Whether the hub's endpoint answers a TCP connection within timeout seconds (the
     clients would otherwise retry for half a minute before saying no)."""

@@ -38,7 +38,7 @@ from .model.load import LoadedModel, load_model
 from .model.sites import NotABlockOutput, equivalents
 from .report.render import render
 from .report.results import build_results
-from .sae import hub
+from .sae import releases
 from .sae.formats import describe_source, peek_d_in
 
 
@@ -82,7 +82,9 @@ def check(
     analysis_cfg.check()
     analysis_cfg.check_against(sweep_cfg)
     # The release's ids as files to fetch: no download yet (an unknown release stops here).
-    wanted = hub.resolve(sweep_cfg.sae_release, sweep_cfg.sae_ids) if sweep_cfg.sae_release else []
+    wanted = (
+        releases.resolve(sweep_cfg.sae_release, sweep_cfg.sae_ids) if sweep_cfg.sae_release else []
+    )
     selected = analysis_cfg.selected_controls()
     chosen = [controls.get(name) for name in selected]
     if sweep_cfg.imports and any(c.trains_own_saes for c in chosen):
@@ -118,7 +120,7 @@ def check(
         )
     # Imported SAEs: fetched (--sae-release), then each checked against the model's d and
     # the run's layer, from headers and metadata only.
-    sources = hub.fetch(wanted) if wanted else [{"path": p} for p in sweep_cfg.sae_paths]
+    sources = releases.fetch(wanted) if wanted else [{"path": p} for p in sweep_cfg.sae_paths]
     imports = [_check_import(s, main, cfg.model) for s in sources]
     if wanted:  # the fetched files go through the --sae-paths machinery
         sweep_cfg = replace(sweep_cfg, sae_paths=[s["path"] for s in imports])

@@ -9,7 +9,7 @@ import json
 import sys
 
 import pytest
-from conftest import make_text, snapshot
+from conftest import hub_http_error, make_text, snapshot
 
 from causaldim import cli
 from causaldim.errors import UsageError
@@ -66,7 +66,7 @@ class FakeHub:
         if self.info_error is not None:
             raise self.info_error
         if revision not in (None, "main", "v1", self.sha):
-            raise hub_errors.RevisionNotFoundError("404 Client Error", response=_response(404))
+            raise hub_http_error(hub_errors.RevisionNotFoundError, "404 Client Error", 404)
         return self.sha
 
     def stream(self, name, config, split, revision):
@@ -84,11 +84,6 @@ class FakeHub:
                 yield row
 
         return rows()
-
-
-def _response(status: int):
-    url = "https://huggingface.co/api/datasets/owner/name"
-    return httpx2.Response(status, request=httpx2.Request("GET", url))
 
 
 @pytest.fixture
@@ -215,7 +210,7 @@ def test_without_network_a_cached_copy_serves_a_pinned_or_offline_run(hub, tok, 
     assert offline == first
     assert len(hub.streams) == 1
     # Online in principle but unreachable, and nothing pinned: the latest commit is unknown.
-    monkeypatch.setattr(corpus_mod, "_offline", lambda: False)
+    monkeypatch.setattr(corpus_mod.hf, "offline", lambda: False)
     hub.info_error = httpx2.ConnectError("[Errno -3] Temporary failure in name resolution")
     with pytest.raises(UsageError, match="cannot be reached.*HF_HUB_OFFLINE=1"):
         corpus_for("owner/name", tok, 32, 512)
@@ -246,7 +241,7 @@ def failure_cases():
     return {
         "unknown dataset": (
             [],
-            hub_errors.RepositoryNotFoundError("404 Client Error", response=_response(404)),
+            hub_http_error(hub_errors.RepositoryNotFoundError, "404 Client Error", 404),
             None,
             "nor a dataset on the Hugging Face Hub",
         ),
@@ -261,7 +256,7 @@ def failure_cases():
         "unknown revision": (["--corpus-revision", "nope"], None, None, "has no revision 'nope'"),
         "gated": (
             [],
-            hub_errors.GatedRepoError("401 Client Error", response=_response(401)),
+            hub_http_error(hub_errors.GatedRepoError, "401 Client Error", 401),
             None,
             "accept its terms",
         ),

@@ -434,7 +434,9 @@ def test_title_states_the_model_the_store_and_the_run():
     md = text(title, results=make_results())
     assert md.startswith("# Causal dimensionality of smollm2-135m, layer 15\n")
     assert (
-        "Residual stream at the output of block 15 (model.layers[15]), d = 576; corpus: "
+        "Residual stream at the output of block 15 (model.layers[15]), named elsewhere "
+        "TransformerLens/SAELens blocks.15.hook_resid_post = blocks.16.hook_resid_pre, Hugging "
+        "Face hidden_states[16], sparsify layers.15, Gemma Scope layer_15; d = 576; corpus: "
         "builtin-py3.11; 57,344 train and 8,192 eval tokens in sequences of 128; outliers left "
         "out: 1,234 tokens carrying 45.7% of the residual variance. Preset default, seed 7, "
         f"causaldim {__version__}, 612 s in all."

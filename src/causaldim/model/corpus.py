@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import torch
 
+from .. import hub as hf
 from ..errors import IntegrityError, UsageError
 from ..fileio import cache_dir, read_sealed_json, write_sealed_json
 
@@ -320,13 +321,6 @@ def _hub_stream(name: str, config: str | None, split: str, revision: str) -> Ite
     return datasets.load_dataset(name, config, split=split, revision=revision, streaming=True)
 
 
-def _offline() -> bool:
-    """Whether HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) asks for no network at all."""
-    from huggingface_hub import is_offline_mode
-
-    return is_offline_mode()
-
-
 def hub_corpus(
     name: str,
     tokenizer,
@@ -354,7 +348,7 @@ def hub_corpus(
         try:
             sha = _hub_info(name, revision)
         except Exception as exc:
-            if not _is_network_error(exc):
+            if not hf.is_network_error(exc):
                 error = _hub_error(exc, **where, revision=revision)
                 if error is None:
                     raise
@@ -508,7 +502,7 @@ def _offline_cache(base: str, revision: str | None) -> dict | None:
     """Without the network: the cached copy of a pinned revision (a commit sha or its
     prefix, or the branch or tag it was read at), or under HF_HUB_OFFLINE=1 the latest
     cached copy for these settings."""
-    if revision is None and not _offline():
+    if revision is None and not hf.offline():
         return None
     files = sorted(
         cache_dir().glob(f"hub-corpus-{base}-*.json"), key=lambda p: p.stat().st_mtime_ns
@@ -527,32 +521,8 @@ def _offline_cache(base: str, revision: str | None) -> dict | None:
 # --- Hub failures, each as one line that names the fix ---------------------------------
 
 
-def _is_network_error(exc: BaseException) -> bool:
-    """No answer from the hub (offline mode, no connection, a timeout), as opposed to an
-    answer that refuses (not found, gated)."""
-    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
-
-    if isinstance(exc, OfflineModeIsEnabled):
-        return True
-    if isinstance(exc, HfHubHTTPError):  # an answer (an OSError too)
-        return False
-    transport = []
-    for module in ("httpx2", "httpx"):
-        try:
-            transport.append(__import__(module).TransportError)
-        except (ImportError, AttributeError):
-            pass
-    if isinstance(exc, (ConnectionError, TimeoutError, *transport)):
-        return True
-    try:
-        from datasets.exceptions import DatasetsError
-    except ImportError:
-        DatasetsError = ()  # noqa: N806
-    return isinstance(exc, OSError) and not isinstance(exc, (FileNotFoundError, DatasetsError))
-
-
 def _no_network(exc: BaseException, name: str, revision: str | None) -> UsageError:
-    cached = "; no copy of it is cached for these settings" if revision or _offline() else ""
+    cached = "; no copy of it is cached for these settings" if revision or hf.offline() else ""
     return UsageError(
         f"the Hugging Face Hub cannot be reached for dataset {name} "
         f"({type(exc).__name__}){cached}: pass a local file or folder as --corpus, or "
@@ -572,11 +542,6 @@ def _names(text: str, limit: int = 20) -> str | None:
         return None
     more = f", ... ({len(names)} in all)" if len(names) > limit else ""
     return ", ".join(names[:limit]) + more
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _hub_error(
@@ -626,9 +591,9 @@ def _hub_error(
     if isinstance(exc, HFValidationError):
         return UsageError(
             f"corpus {name!r} is neither a local file or folder nor a valid hub dataset name "
-            f"({_first_line(exc)}); pass an existing path or owner/name"
+            f"({hf.first_line(exc)}); pass an existing path or owner/name"
         )
-    if _is_network_error(exc):
+    if hf.is_network_error(exc):
         return _no_network(exc, name, revision)
     if isinstance(exc, ValueError) and ("BuilderConfig" in text or "Config name" in text):
         names = _names(text)
@@ -641,5 +606,5 @@ def _hub_error(
         have = f"; pass --corpus-split one of: {names}" if names else ""
         return UsageError(f"dataset {name} has no split {split!r}{have}")
     if isinstance(exc, (HfHubHTTPError, DatasetsError)):
-        return UsageError(f"cannot stream dataset {name}: {_first_line(exc)}")
+        return UsageError(f"cannot stream dataset {name}: {hf.first_line(exc)}")
     return None

@@ -9,10 +9,10 @@ through `list_folder`, the seams tests replace.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from .. import hub as hf
 from ..errors import UsageError
 
 PICKLES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle")
@@ -110,7 +110,7 @@ def list_folder(repo: str, folder: str) -> list[str] | None:
         tree = HfApi().list_repo_tree(repo, path_in_repo=folder or None)
         return [PurePosixPath(t.path).name for t in tree if isinstance(t, RepoFile)]
     except Exception as exc:
-        if not _unreachable(exc):
+        if not hf.is_network_error(exc):
             raise
     names = {n for files in LAYOUTS.values() for n in files}
     cached = [
@@ -273,23 +273,6 @@ def _commit_of(path: Path) -> str | None:
     return None
 
 
-def _offline() -> bool:
-    from huggingface_hub import constants
-
-    flag = os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
-    return flag or bool(getattr(constants, "HF_HUB_OFFLINE", False))
-
-
-def _unreachable(exc: BaseException) -> bool:
-    """Whether an error says the hub could not be reached (offline mode, no network)."""
-    from huggingface_hub import errors
-
-    if isinstance(exc, (errors.OfflineModeIsEnabled, ConnectionError, TimeoutError)):
-        return True
-    name = type(exc).__name__
-    return name in {"ConnectError", "ConnectTimeout", "ReadTimeout", "TimeoutException"}
-
-
 def _hub_call(call, release: str, sae_id: str, repo: str, filename: str):
     """call(), its huggingface_hub errors made one-line UsageErrors that name the fix."""
     from huggingface_hub import errors
@@ -325,13 +308,13 @@ def _hub_call(call, release: str, sae_id: str, repo: str, filename: str):
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UsageError(f"{what}: the hub answered: {first}") from None
     except Exception as exc:
-        if _unreachable(exc):
+        if hf.is_network_error(exc):
             raise _no_network(what, repo, filename) from None
         raise
 
 
 def _no_network(what: str, repo: str, filename: str) -> UsageError:
-    if _offline():
+    if hf.offline():
         return UsageError(
             f"{what}: {repo}/{filename} is not in the Hugging Face cache and HF_HUB_OFFLINE=1 "
             "forbids downloading it; fetch it once online, or use local files with --sae-paths"

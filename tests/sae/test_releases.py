@@ -11,15 +11,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import snapshot
+from conftest import hub_http_error, snapshot
 from huggingface_hub import errors
 from safetensors.torch import save_file
 
 from causaldim import cli, pipeline
+from causaldim import hub as hf
 from causaldim.config import SweepConfig
 from causaldim.controls.l0 import imported_l0_spread
 from causaldim.errors import UsageError
-from causaldim.sae import SAEConfig, build, hub
+from causaldim.sae import SAEConfig, build
+from causaldim.sae import releases as hub
 from causaldim.sae.formats import export_saelens
 
 D = 32  # the tiny Llama's d; its 4 blocks make layer 2 the default
@@ -49,15 +51,6 @@ def saelens_folder(folder: Path, hook_name: str, d: int = D, m: int = 48) -> Non
     export_saelens(sae, folder, hook_name=hook_name)
 
 
-def hub_error(cls, message: str):
-    """One of huggingface_hub's HTTP errors, built as the library builds it."""
-    import importlib
-
-    httpx = importlib.import_module(errors.Response.__module__.split(".")[0])
-    response = httpx.Response(404, request=httpx.Request("GET", "https://huggingface.co"))
-    return cls(message, response=response)
-
-
 class FakeHub:
     """Repos in a temp folder laid out as the HF cache (snapshots/<commit>/...), served by
     the seams; other repos answer as the hub would."""
@@ -68,18 +61,18 @@ class FakeHub:
 
     def _refuse(self, repo: str) -> None:
         if repo == "test-org/gated":
-            raise hub_error(errors.GatedRepoError, f"Access to model {repo} is restricted")
+            raise hub_http_error(errors.GatedRepoError, f"Access to model {repo} is restricted")
         if repo == "test-org/unreachable":
             raise errors.LocalEntryNotFoundError("cannot find the requested files")
         if repo != REPO:
-            raise hub_error(errors.RepositoryNotFoundError, f"Repository Not Found: {repo}")
+            raise hub_http_error(errors.RepositoryNotFoundError, f"Repository Not Found: {repo}")
 
     def download(self, repo: str, filename: str, revision: str | None = None) -> str:
         self._refuse(repo)
         assert revision in (None, SHA)
         path = self.snapshot / filename
         if not path.is_file():
-            raise hub_error(errors.RemoteEntryNotFoundError, f"404: {filename}")
+            raise hub_http_error(errors.RemoteEntryNotFoundError, f"404: {filename}")
         self.downloads.append(filename)
         return str(path)
 
@@ -87,7 +80,7 @@ class FakeHub:
         self._refuse(repo)
         path = self.snapshot / folder
         if not path.is_dir():
-            raise hub_error(errors.RemoteEntryNotFoundError, f"404: {folder}")
+            raise hub_http_error(errors.RemoteEntryNotFoundError, f"404: {folder}")
         return sorted(p.name for p in path.iterdir() if p.is_file())
 
 
@@ -383,7 +376,7 @@ def test_refusals_are_one_line_before_any_work(
 
 
 def test_no_network_says_what_to_do_instead(fake_hub, monkeypatch):
-    monkeypatch.setattr(hub, "_offline", lambda: False)
+    monkeypatch.setattr(hf, "offline", lambda: False)
     with pytest.raises(UsageError, match="the hub cannot be reached") as caught:
         hub.fetch(hub.resolve("tiny-unreachable", [IDS[0]]))
     assert "use local files with --sae-paths, or HF_HUB_OFFLINE=1 with a filled cache" in str(
