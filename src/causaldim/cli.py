@@ -11,7 +11,14 @@ import typing
 from pathlib import Path
 
 from . import __version__
-from .config import PRESETS, AnalysisConfig, HarvestConfig, SweepConfig, read_config_file
+from .config import (
+    DEFAULT_RUN_MINUTES,
+    PRESETS,
+    AnalysisConfig,
+    HarvestConfig,
+    SweepConfig,
+    read_config_file,
+)
 from .errors import IntegrityError, UsageError
 
 
@@ -66,9 +73,10 @@ def _add_preset(parser: argparse.ArgumentParser) -> None:
         "--preset",
         default="default",
         choices=list(PRESETS),
-        help="Named defaults: default (SmolLM2-135M, about 10 min on 2 CPU cores), smoke "
-        "(every stage on a few thousand tokens, under a minute), paper (Gemma-2-2B layer 12, "
-        "widths 16,384..1,048,576, seq 512; for a GPU). Flags given override it.",
+        help=f"Named defaults: default (SmolLM2-135M, about {DEFAULT_RUN_MINUTES} min on 2 CPU "
+        "cores), smoke (every stage on a few thousand tokens, under a minute), replicate (the "
+        "paper's regime on SmolLM2-135M, about 2 h on 2 CPU cores), paper (Gemma-2-2B layer "
+        "12, widths 16,384..1,048,576, seq 512; for a GPU). Flags given override it.",
     )
 
 

@@ -405,10 +405,14 @@ class SweepConfig:
         return dataclasses.asdict(self)
 
 
+# Wall time of `causaldim run` with the default preset on 2 CPU cores, the machine alone
+# (measured from a fresh clone; docs/measured.md). The help and the README quote it.
+DEFAULT_RUN_MINUTES = 6
+
 # Named sets of defaults; flags given on the command line override them.
 PRESETS: dict[str, dict] = {
-    # The dataclass defaults: SmolLM2-135M layer 15, 5 widths over 16x, in about 10
-    # minutes on 2 CPU cores.
+    # The dataclass defaults: SmolLM2-135M layer 15, 5 widths over 16x, in about
+    # DEFAULT_RUN_MINUTES on 2 CPU cores.
     "default": {},
     # Every stage on a few thousand tokens: a check that the tool works, in under a minute
     # once the embedded model is converted.

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import UsageError
+from ..model.sites import equivalents
 from .formats import CONFIG, WEIGHTS, export_saelens, load, read_meta
 
 FORMATS = ("saelens",)
@@ -48,17 +49,20 @@ def _is_sae(folder: Path) -> bool:
 
 
 def trained_site(folder: Path) -> tuple[str, str]:
-    """(hook name, model name) of the store an SAE was trained on or imported for, from
-    the run's stores (OUT/stores/L{layer}-{digest}); ("", "") when they are not there."""
-    digest = read_meta(folder).get("request", {}).get("store", "")
+    """(hook name, model name) an SAE was trained on or imported for: the hook its cfg.json
+    records, else the layer of the run's store it names (OUT/stores/L{layer}-{digest});
+    "" for what neither says."""
+    meta = read_meta(folder)
+    digest = meta.get("request", {}).get("store", "")
     run = folder.parent.parent  # OUT/saes/NAME -> OUT
     for manifest in sorted(run.glob(f"stores/*-{digest[:12]}/manifest.json")) if digest else []:
         try:
             m = json.loads(manifest.read_text())
-            return f"blocks.{int(m['layer'])}.hook_resid_post", m["model"]["identity"]["name"]
+            hook = meta.get("hook_name") or equivalents(int(m["layer"]))["saelens"]
+            return hook, m["model"]["identity"]["name"]
         except (OSError, ValueError, KeyError, TypeError):
             continue
-    return "", ""
+    return meta.get("hook_name", ""), ""
 
 
 def export(source: Path, dest: Path, fmt: str = "saelens") -> list[Exported]:

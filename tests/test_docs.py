@@ -1,0 +1,38 @@
+"""What the README tells a researcher holds: the default run's time is the one figure the
+help quotes, and its Python and command-line examples name things that exist."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import causaldim
+from causaldim import cli
+from causaldim.api import Results
+from causaldim.config import DEFAULT_RUN_MINUTES, PRESETS
+from causaldim.report.tables import TABLES
+
+README = (Path(__file__).parents[1] / "README.md").read_text()
+
+
+def test_one_figure_for_the_default_runs_time(capsys):
+    said = set(re.findall(r"about (\d+) min(?:utes)? on 2 CPU cores", README))
+    assert said == {str(DEFAULT_RUN_MINUTES)}
+    try:
+        cli.main(["run", "--help"])
+    except SystemExit:
+        pass
+    help_text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert f"about {DEFAULT_RUN_MINUTES} min on 2 CPU cores" in help_text
+
+
+def test_the_readme_names_what_exists():
+    for preset in re.findall(r"^\| `(\w+)` \|", README, re.M):
+        assert preset in PRESETS or preset in ("hub", "ray", "dev"), preset
+    for name in re.findall(r"res\.(\w+)", README):
+        assert hasattr(Results, name) or name == "data", name
+    for table in re.findall(r'to_dataframe\("(\w+)"\)|table\("(\w+)"\)', README):
+        assert any(t in TABLES for t in table if t)
+    assert callable(causaldim.measure) and callable(causaldim.load)
+    for verb in re.findall(r"^causaldim (\w+)", README, re.M):
+        assert verb in ("run", "compare", "export", "report", "harvest", "train", "models")
