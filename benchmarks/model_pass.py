@@ -19,7 +19,7 @@ from timing import sync
 from causaldim.devices import describe, resolve_device, resolve_dtype
 from causaldim.harvest.model_pass import grads_at, residuals_at
 from causaldim.memory import model_batch_size, model_pass_memory
-from causaldim.model.load import LoadedModel
+from causaldim.model.load import KNOWN_SHAPES, LoadedModel
 
 SHAPES = {
     "tiny": (
@@ -38,18 +38,7 @@ SHAPES = {
             tie_word_embeddings=True,
         ),
     ),
-    "gemma-2-2b": (
-        "gemma2",
-        dict(
-            hidden_size=2304,
-            intermediate_size=9216,
-            num_hidden_layers=26,
-            num_attention_heads=8,
-            num_key_value_heads=4,
-            head_dim=256,
-            vocab_size=256000,
-        ),
-    ),
+    "gemma-2-2b": KNOWN_SHAPES["google/gemma-2-2b"],
 }
 
 
@@ -57,7 +46,7 @@ def random_model(shape: str, dtype: str, device: torch.device) -> LoadedModel:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     family, sizes = SHAPES[shape]
-    config = AutoConfig.for_model(family, max_position_embeddings=8192, **sizes)
+    config = AutoConfig.for_model(family, **{"max_position_embeddings": 8192, **sizes})
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     model.eval().requires_grad_(False)
