@@ -29,7 +29,7 @@ fi
 from importlib.metadata import version
 
 import causaldim.sae  # noqa: F401
-import causaldim.store  # noqa: F401
+import causaldim.harvest.store  # noqa: F401
 import sae_lens  # noqa: F401
 import sparsify  # noqa: F401
 

@@ -34,5 +34,6 @@ def test_the_readme_names_what_exists():
     for table in re.findall(r'to_dataframe\("(\w+)"\)|table\("(\w+)"\)', README):
         assert any(t in TABLES for t in table if t)
     assert callable(causaldim.measure) and callable(causaldim.load)
-    for verb in re.findall(r"^causaldim (\w+)", README, re.M):
+    code = "\n".join(re.findall(r"```bash\n(.*?)```", README, re.S))
+    for verb in re.findall(r"^causaldim (\w+)", code, re.M):
         assert verb in ("run", "compare", "export", "report", "harvest", "train", "models")

@@ -2,16 +2,20 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["measure", "load", "Results", "load_subspace", "versions"]
+__all__ = ["measure", "load", "compare", "Results", "load_subspace", "versions"]
 
 
 def __getattr__(name: str):
-    # measure, load and Results come from .api on first use: importing causaldim stays
+    # measure, load, Results and compare are imported on first use: importing causaldim stays
     # cheap (no torch) for the command line's help and for reading results.
     if name in ("measure", "load", "Results"):
         from . import api
 
         return getattr(api, name)
+    if name == "compare":  # compare(runs, out): `causaldim compare` from Python
+        from .report.compare import compare
+
+        return compare
     raise AttributeError(f"module 'causaldim' has no attribute {name!r}")
 
 

@@ -11,6 +11,7 @@ import pytest
 from conftest import snapshot
 from test_pipeline import run_args
 
+import causaldim
 from causaldim import cli
 from causaldim.fileio import write_sealed_json
 from causaldim.report.compare import compare, with_interval
@@ -97,6 +98,10 @@ def test_the_cli_prints_what_it_wrote_and_comparing_is_deterministic(runs, tmp_p
     paths = [str(f / "results.json") for f in _folders(runs)]
     assert cli.main(["compare", *paths, "--out", str(second)]) == 0
     assert (second / "compare.json").read_bytes() == before
+    # and from Python, the same comparison
+    written = causaldim.compare(_folders(runs), tmp_path / "c")
+    assert (tmp_path / "c" / "compare.json") in written
+    assert (tmp_path / "c" / "compare.json").read_bytes() == before
 
 
 def _refused(capsys, root, argv, message):

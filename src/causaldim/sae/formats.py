@@ -133,7 +133,9 @@ def export_saelens(
         "apply_b_dec_to_input": True,
         "normalize_activations": "none",
         "reshape_activations": "none",
-        "metadata": {"model_name": model_name, "hook_name": hook_name},
+        # sae_lens_version: the config follows SAELens 6's layout; without it SAELens reads
+        # the folder as a pre-6.0 one and drops this metadata (the hook) on loading.
+        "metadata": {"model_name": model_name, "hook_name": hook_name, "sae_lens_version": "6.0.0"},
     }
     if sae.architecture == "topk":
         cfg["k"] = sae.cfg.k
