@@ -405,9 +405,10 @@ class SweepConfig:
         return dataclasses.asdict(self)
 
 
-# Wall time of `causaldim run` with the default preset on 2 CPU cores, the machine alone
-# (measured from a fresh clone; docs/measured.md). The help and the README quote it.
-DEFAULT_RUN_MINUTES = 6
+# Wall time of `causaldim run` with the default preset on 2 CPU cores, the machine alone,
+# the embedded model converted (207 s from a fresh clone at 2db2d73; docs/measured.md).
+# The help and the README quote it; the report states each run's own.
+DEFAULT_RUN_MINUTES = 4
 
 # Named sets of defaults; flags given on the command line override them.
 PRESETS: dict[str, dict] = {

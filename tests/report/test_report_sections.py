@@ -439,7 +439,7 @@ def test_title_states_the_model_the_store_and_the_run():
         "Face hidden_states[16], sparsify layers.15, Gemma Scope layer_15; d = 576; corpus: "
         "builtin-py3.11; 57,344 train and 8,192 eval tokens in sequences of 128; outliers left "
         "out: 1,234 tokens carrying 45.7% of the residual variance. Preset default, seed 7, "
-        f"causaldim {__version__}, 612 s in all."
+        f"causaldim {__version__}, 612 s (10.2 min) in all."
     ) in md
     r = make_results()
     r["inputs"]["model"]["description"] = "SmolLM2-135M-Instruct, GGUF Q4_1 de-quantised"

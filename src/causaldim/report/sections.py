@@ -118,7 +118,8 @@ def title(doc: Doc, results: dict) -> None:
         f"of {s['seq_len']}; outliers left out: {s['outliers']['n_outliers']:,} tokens "
         f"carrying {pct(s['outliers']['variance_share'])} of the residual variance. "
         f"Preset {results['preset']}, seed {results['seed']}, causaldim "
-        f"{results['causaldim_version']}, {results['seconds']['total']:.0f} s in all."
+        f"{results['causaldim_version']}, {results['seconds']['total']:.0f} s "
+        f"({results['seconds']['total'] / 60:.1f} min) in all."
     )
 
 
