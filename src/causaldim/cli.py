@@ -214,7 +214,7 @@ def _cmd_run(args) -> int:
     analysis_cfg = _config(args, AnalysisConfig)
     if args.dry_run:
         plans = check(cfg, sweep_cfg, analysis_cfg, dry_run=True)
-        _print_plan(plans.main, plans.sweep, analysis_cfg)
+        _print_plan(plans.main, plans.sweep, analysis_cfg, plans.imports)
         for reason in plans.would_stop:
             print(f"here, a run would stop: {reason}")
         print("dry run: nothing written")
@@ -235,7 +235,7 @@ def _cmd_run(args) -> int:
     return 0
 
 
-def _print_plan(the_plan, sweep_cfg, analysis_cfg) -> None:
+def _print_plan(the_plan, sweep_cfg, analysis_cfg, imports: list[dict]) -> None:
     from .costs import estimate
     from .harvest.plan import CHARS_PER_TOKEN
     from .model.sites import describe as describe_site
@@ -265,13 +265,17 @@ def _print_plan(the_plan, sweep_cfg, analysis_cfg) -> None:
             f"depth: layers {', '.join(map(str, the_plan.store_dirs))} in the same pass, each "
             "with its own store and sweep (not in the estimate below)"
         )
-    print(
-        f"SAEs: {', '.join(sweep_cfg.architectures)} at widths "
-        f"{' '.join(map(str, sweep_cfg.widths))}, k={sweep_cfg.k}, {sweep_cfg.epochs} "
-        f"epoch(s); epsilon at the {analysis_cfg.percentile:g}th percentile of width "
-        f"{analysis_cfg.reference_width or sweep_cfg.widths[0]}; {analysis_cfg.bootstrap} "
-        "bootstrap resamples"
-    )
+    if imports:  # their widths make the sweep; the estimates below still use --widths
+        names = "; ".join(f"{i.get('id') or i['path']} ({i['site']})" for i in imports)
+        print(f"SAEs: {len(imports)} imported, none trained: {names}")
+    else:
+        print(
+            f"SAEs: {', '.join(sweep_cfg.architectures)} at widths "
+            f"{' '.join(map(str, sweep_cfg.widths))}, k={sweep_cfg.k}, {sweep_cfg.epochs} "
+            f"epoch(s); epsilon at the {analysis_cfg.percentile:g}th percentile of width "
+            f"{analysis_cfg.reference_width or sweep_cfg.widths[0]}; "
+            f"{analysis_cfg.bootstrap} bootstrap resamples"
+        )
     widest, n_train, n_eval = max(sweep_cfg.widths), est["tokens"]["train"], est["tokens"]["eval"]
     print(
         f"the widest SAE ({widest:,}): each feature fires about "

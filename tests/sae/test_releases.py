@@ -233,6 +233,7 @@ def test_a_run_of_a_release_records_each_saes_provenance_and_flags_their_l0s(
     assert "blocks.2.hook_resid_post = blocks.3.hook_resid_pre, Hugging Face hidden_states[3]," in (
         printed
     )
+    assert f"SAEs: {len(IDS)} imported, none trained: {IDS[0]} (layer_2)" in printed
     assert not out.exists()
 
     assert cli.main(args) == 0
