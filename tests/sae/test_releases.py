@@ -14,6 +14,7 @@ import torch
 from conftest import hub_http_error, snapshot
 from huggingface_hub import errors
 from safetensors.torch import save_file
+from test_pipeline import run_args
 
 from causaldim import cli, pipeline
 from causaldim import hub as hf
@@ -195,37 +196,11 @@ def test_an_export_of_the_layer_passes_and_of_another_is_refused(
         pipeline.check(harvest_config(), SweepConfig(sae_paths=[str(tmp_path / "there")]))
 
 
-def run_args(model: str, corpus, out, *extra: str) -> list[str]:
-    return [
-        "--quiet",
-        "run",
-        "--model",
-        model,
-        "--corpus",
-        str(corpus),
-        "--tokens",
-        "4096",
-        "--seq-len",
-        "32",
-        "--eval-fraction",
-        "0.25",
-        "--bootstrap",
-        "30",
-        "--blocks",
-        "8",
-        "--ce-sequences",
-        "2",
-        "--out",
-        str(out),
-        *extra,
-    ]
-
-
 def test_a_run_of_a_release_records_each_saes_provenance_and_flags_their_l0s(
     tmp_path, fake_hub, tiny_model, text_corpus, capsys
 ):
     out = tmp_path / "run"
-    args = run_args(tiny_model("llama"), text_corpus, out, "--sae-release", "tiny-scope-res")
+    args = run_args(tiny_model("llama"), text_corpus, out) + ["--sae-release", "tiny-scope-res"]
     args += ["--sae-ids", *IDS]
     assert cli.main([*args, "--dry-run"]) == 0
     printed = capsys.readouterr().out
