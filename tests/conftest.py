@@ -151,7 +151,11 @@ def tiny_model(tmp_path_factory):
         key = (family, n_layers, d)
         if key not in made:
             from transformers import AutoModelForCausalLM
+            from transformers.utils import logging
 
+            # Saving draws a progress bar on stderr, which a test that builds its model
+            # inside its capture would read as output of the command under test.
+            logging.disable_progress_bar()
             folder = tmp_path_factory.mktemp(f"tiny-{family}-{n_layers}x{d}")
             torch.manual_seed(0)
             model = AutoModelForCausalLM.from_config(tiny_config(family, n_layers, d))
