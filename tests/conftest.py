@@ -255,3 +255,23 @@ def hub_http_error(cls, message: str = "refused", status: int = 403):
     http = importlib.import_module(errors.Response.__module__.split(".")[0])
     response = http.Response(status, request=http.Request("GET", "https://huggingface.co/x"))
     return cls(message, response=response)
+
+
+def gemma_scope_npz(path, d: int, m: int, seed: int = 0) -> str:
+    """A params.npz laid out as Gemma Scope's (JumpReLU, no b_dec subtracted): unit decoder
+    rows, the encoder their transpose, every threshold 0.05. Returns its path."""
+    from pathlib import Path
+
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((m, d)).astype(np.float32)
+    w /= np.linalg.norm(w, axis=1, keepdims=True)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    np.savez(
+        path,
+        W_enc=w.T.copy(),
+        W_dec=w,
+        b_enc=np.zeros(m, np.float32),
+        b_dec=np.zeros(d, np.float32),
+        threshold=np.full(m, 0.05, np.float32),
+    )
+    return str(path)

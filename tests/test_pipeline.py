@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 import shutil
 
-import numpy as np
 import pytest
 import torch
-from conftest import snapshot
+from conftest import gemma_scope_npz, snapshot
 
 import causaldim
 from causaldim import cli
@@ -269,25 +268,9 @@ def test_scale_without_a_second_model_says_so(tmp_path, tiny_model, text_corpus)
     assert "--scale-model" in results["controls"]["scale"]["skipped"]
 
 
-def _gemma_scope_npz(path, d: int, m: int, seed: int) -> str:
-    """A params.npz laid out as Gemma Scope's (JumpReLU, no b_dec subtracted)."""
-    rng = np.random.default_rng(seed)
-    w = rng.standard_normal((m, d)).astype(np.float32)
-    w /= np.linalg.norm(w, axis=1, keepdims=True)
-    np.savez(
-        path,
-        W_enc=w.T.copy(),
-        W_dec=w,
-        b_enc=np.zeros(m, np.float32),
-        b_dec=np.zeros(d, np.float32),
-        threshold=np.full(m, 0.05, np.float32),
-    )
-    return str(path)
-
-
 def test_sae_files_replace_training(tmp_path, tiny_model, text_corpus, capsys):
     out = tmp_path / "run"
-    paths = [_gemma_scope_npz(tmp_path / f"w{m}.npz", 32, m, m) for m in (32, 16)]
+    paths = [gemma_scope_npz(tmp_path / f"w{m}.npz", 32, m, m) for m in (32, 16)]
     args = run_args(tiny_model("llama"), text_corpus, out) + ["--sae-paths", *paths]
     assert cli.main(args) == 0
     results = json.loads((out / "results.json").read_text())
@@ -295,7 +278,7 @@ def test_sae_files_replace_training(tmp_path, tiny_model, text_corpus, capsys):
     assert [r["width"] for r in results["sweep"]["jumprelu"]["per_width"]] == [16, 32]
     assert all(s["steps"] is None for s in results["saes"].values())  # nothing trained
     # The wrong residual width is refused before any work: nothing is written.
-    wrong = _gemma_scope_npz(tmp_path / "d48.npz", 48, 16, 0)
+    wrong = gemma_scope_npz(tmp_path / "d48.npz", 48, 16, 0)
     capsys.readouterr()
     bad = run_args(tiny_model("llama"), text_corpus, tmp_path / "other") + ["--sae-paths", wrong]
     assert cli.main(bad) == 2

@@ -8,10 +8,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from conftest import hub_http_error, snapshot
+from conftest import gemma_scope_npz, hub_http_error, snapshot
 from huggingface_hub import errors
 from safetensors.torch import save_file
 from test_pipeline import run_args
@@ -21,29 +20,12 @@ from causaldim import hub as hf
 from causaldim.config import SweepConfig
 from causaldim.controls.l0 import imported_l0_spread
 from causaldim.errors import UsageError
-from causaldim.sae import SAEConfig, build
-from causaldim.sae import releases as hub
+from causaldim.sae import SAEConfig, build, releases
 from causaldim.sae.formats import export_saelens
 
 D = 32  # the tiny Llama's d; its 4 blocks make layer 2 the default
 SHA = "0123456789abcdef0123456789abcdef01234567"
 REPO = "test-org/tiny-saes"
-
-
-def gemma_scope_npz(path: Path, d: int, m: int, seed: int = 0) -> None:
-    """A params.npz laid out as Gemma Scope's (JumpReLU, no b_dec subtracted)."""
-    rng = np.random.default_rng(seed)
-    w = rng.standard_normal((m, d)).astype(np.float32)
-    w /= np.linalg.norm(w, axis=1, keepdims=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(
-        path,
-        W_enc=w.T.copy(),
-        W_dec=w,
-        b_enc=np.zeros(m, np.float32),
-        b_dec=np.zeros(d, np.float32),
-        threshold=np.full(m, 0.05, np.float32),
-    )
 
 
 def saelens_folder(folder: Path, hook_name: str, d: int = D, m: int = 48) -> None:
@@ -112,16 +94,16 @@ def fake_hub(tmp_path, monkeypatch) -> FakeHub:
     (sparsify / "cfg.json").write_text(json.dumps({"d_in": D, "num_latents": 64, "k": 4}))
     (s / "pickled").mkdir()
     (s / "pickled" / "sae.pt").write_bytes(b"\x80\x04 not unpickled")
-    monkeypatch.setattr(hub, "download", fake.download)
-    monkeypatch.setattr(hub, "list_folder", fake.list_folder)
+    monkeypatch.setattr(releases, "download", fake.download)
+    monkeypatch.setattr(releases, "list_folder", fake.list_folder)
     example = "layer_2/width_64/average_l0_8"
     monkeypatch.setitem(
-        hub.RELEASES, "tiny-scope-res", hub.Release(REPO, "gemma-scope", "tiny", example)
+        releases.RELEASES, "tiny-scope-res", releases.Release(REPO, "gemma-scope", "tiny", example)
     )
     monkeypatch.setitem(
-        hub.RELEASES,
+        releases.RELEASES,
         "tiny-unreachable",
-        hub.Release("test-org/unreachable", "gemma-scope", "tiny", example),
+        releases.Release("test-org/unreachable", "gemma-scope", "tiny", example),
     )
     return fake
 
@@ -130,9 +112,9 @@ IDS = ["layer_2/width_128/average_l0_8", "layer_2/width_64/average_l0_8"]
 
 
 def test_a_release_resolves_to_the_files_of_each_id_and_only_those_are_fetched(fake_hub):
-    wanted = hub.resolve("tiny-scope-res", IDS)
+    wanted = releases.resolve("tiny-scope-res", IDS)
     assert [w.files for w in wanted] == [(f"{i}/params.npz",) for i in IDS]
-    fetched = hub.fetch(wanted)
+    fetched = releases.fetch(wanted)
     assert fake_hub.downloads == [f"{i}/params.npz" for i in IDS]
     assert fetched[1] == {
         "release": "tiny-scope-res",
@@ -146,9 +128,9 @@ def test_a_release_resolves_to_the_files_of_each_id_and_only_those_are_fetched(f
 
 
 def test_a_hub_repo_by_name_has_each_folders_layout_read_from_its_files(fake_hub):
-    wanted = hub.resolve(REPO, ["blocks.3.hook_resid_pre", "layers.2", IDS[0]])
+    wanted = releases.resolve(REPO, ["blocks.3.hook_resid_pre", "layers.2", IDS[0]])
     assert [w.layout for w in wanted] == ["saelens", "sparsify", "gemma-scope"]
-    fetched = hub.fetch(wanted)
+    fetched = releases.fetch(wanted)
     assert "blocks.3.hook_resid_pre/sparsity.safetensors" not in fake_hub.downloads
     assert fake_hub.downloads[:2] == [
         "blocks.3.hook_resid_pre/cfg.json",
@@ -157,9 +139,9 @@ def test_a_hub_repo_by_name_has_each_folders_layout_read_from_its_files(fake_hub
     assert fetched[0]["path"] == str(fake_hub.snapshot / "blocks.3.hook_resid_pre")
     assert fetched[1]["path"] == str(fake_hub.snapshot / "layers.2")
     with pytest.raises(UsageError, match="sae.pt is pickled"):
-        hub.resolve(REPO, ["pickled"])
+        releases.resolve(REPO, ["pickled"])
     with pytest.raises(UsageError, match="is pickled"):
-        hub.resolve("tiny-scope-res", ["layer_2/sae.pth"])
+        releases.resolve("tiny-scope-res", ["layer_2/sae.pth"])
 
 
 def test_the_check_reads_each_imports_site_before_any_weights(
@@ -354,7 +336,7 @@ def test_refusals_are_one_line_before_any_work(
 def test_no_network_says_what_to_do_instead(fake_hub, monkeypatch):
     monkeypatch.setattr(hf, "offline", lambda: False)
     with pytest.raises(UsageError, match="the hub cannot be reached") as caught:
-        hub.fetch(hub.resolve("tiny-unreachable", [IDS[0]]))
+        releases.fetch(releases.resolve("tiny-unreachable", [IDS[0]]))
     assert "use local files with --sae-paths, or HF_HUB_OFFLINE=1 with a filled cache" in str(
         caught.value
     )
@@ -362,14 +344,15 @@ def test_no_network_says_what_to_do_instead(fake_hub, monkeypatch):
 
 def test_the_table_names_the_releases_asked_for():
     for name in ("gemma-scope-2b-pt-res", "gemma-scope-9b-pt-res", "gpt2-small-res-jb"):
-        assert name in hub.RELEASES
-    assert hub.RELEASES["gemma-scope-2b-pt-res"].repo == "google/gemma-scope-2b-pt-res"
-    assert hub.RELEASES["gpt2-small-res-jb"].repo == "jbloom/GPT2-Small-SAEs-Reformatted"
+        assert name in releases.RELEASES
+    assert releases.RELEASES["gemma-scope-2b-pt-res"].repo == "google/gemma-scope-2b-pt-res"
+    assert releases.RELEASES["gpt2-small-res-jb"].repo == "jbloom/GPT2-Small-SAEs-Reformatted"
     assert any(
-        r.layout == "sparsify" and r.repo.startswith("EleutherAI/") for r in hub.RELEASES.values()
+        r.layout == "sparsify" and r.repo.startswith("EleutherAI/")
+        for r in releases.RELEASES.values()
     )
-    for r in hub.RELEASES.values():
-        assert r.layout in hub.LAYOUTS and r.example
+    for r in releases.RELEASES.values():
+        assert r.layout in releases.LAYOUTS and r.example
 
 
 def test_a_trained_sae_records_its_site_and_is_refused_at_another_layer(
@@ -417,14 +400,14 @@ def test_releases_beyond_the_table_come_from_saelens_where_it_is_installed(fake_
     for name in ("sae_lens", "sae_lens.loading"):
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    (wanted,) = hub.resolve("lens-only-res", ["b3"])  # SAELens' id, its folder in the repo
+    (wanted,) = releases.resolve("lens-only-res", ["b3"])  # SAELens' id, its folder in the repo
     assert wanted.layout == "saelens" and wanted.id == "b3"
     assert wanted.files == (
         "blocks.3.hook_resid_pre/cfg.json",
         "blocks.3.hook_resid_pre/sae_weights.safetensors",
     )
-    assert hub.fetch([wanted])[0]["path"] == str(fake_hub.snapshot / "blocks.3.hook_resid_pre")
+    assert releases.fetch([wanted])[0]["path"] == str(fake_hub.snapshot / "blocks.3.hook_resid_pre")
     with pytest.raises(UsageError, match=r"its own conversion \(gemma_3\)"):
-        hub.resolve("lens-converted", ["x"])
+        releases.resolve("lens-converted", ["x"])
     with pytest.raises(UsageError, match="unknown release"):
-        hub.resolve("in-neither", ["x"])
+        releases.resolve("in-neither", ["x"])
