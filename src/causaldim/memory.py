@@ -71,7 +71,8 @@ def model_pass_memory(
     logits += logit_probes * vocab_row * (4 + e)
     if fisher_probes:
         logits += vocab_row * 2 * 4 + fisher_probes * vocab_row * (4 + e)
-    captured = tapped * seq_len * d * 4 * (2 + logit_probes + fisher_probes)  # per block
+    # per block: h, g, and each probe's products (a Gaussian probe's two parts)
+    captured = tapped * seq_len * d * 4 * (2 + 2 * logit_probes + fisher_probes)
     budget = int(HEADROOM * memory(device)[1])
     return ModelPassMemory(n_params * e, graph + logits + captured, budget)
 

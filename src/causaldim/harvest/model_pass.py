@@ -32,7 +32,10 @@ def residuals_at(lm: LoadedModel, layers, ids: torch.Tensor) -> dict[int, torch.
 class Gradients(NamedTuple):
     h: torch.Tensor  # [B, T, d]
     g: torch.Tensor  # [B, T, d], d(summed next-token loss)/dh
-    u_logits: torch.Tensor | None  # [B, T, K, d], J^T v with v ~ N(0, I) at every position
+    # v ~ N(0, I_vocab) at every position, split into v = c + s: c = v - mean(v) (sum-zero,
+    # the part softmax can see) and s = mean(v) 1 (a shift of all logits, which it ignores)
+    u_logits: torch.Tensor | None  # [B, T, K, d], J^T c: the gauge-invariant reading
+    u_shift: torch.Tensor | None  # [B, T, K, d], J^T s: u_logits + u_shift is J^T v
     u_fisher: torch.Tensor | None  # [B, T, K, d], J^T (onehot(y) - p), y ~ softmax
     loss_sum: float
     n_predictions: int
@@ -47,9 +50,10 @@ def grads_at(
     generator: torch.Generator | None = None,
 ) -> dict[int, Gradients]:
     """h and g = dLoss/dh at each of the blocks `layers`, Loss = next-token cross-entropy
-    summed over all positions, from one forward: each backward runs down to the lowest
-    block and yields every block's gradient on the way. Each probe adds one more backward
-    from the logits (the forward is shared; the probes are shared by all blocks)."""
+        summed over all positions, from one forward: each backward runs down to the lowest
+        block and yields every block's gradient on the way. Each probe adds one more backward
+        from the logits (the forward is shared; the probes are shared by all blocks): a
+    Gaussian probe costs two, one for its centred part and one for its shift part."""
     blocks = _blocks(lm, layers)
     ids = ids.to(lm.device)
     with torch.enable_grad(), tap_blocks(blocks, "leaf") as captured:
@@ -58,7 +62,7 @@ def grads_at(
             logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten(), reduction="sum"
         )
         hs = [captured[i] for i in blocks]
-        backwards_left = logit_probes + fisher_probes
+        backwards_left = 2 * logit_probes + fisher_probes
         gs = torch.autograd.grad(loss, hs, retain_graph=backwards_left > 0)
 
         def pull_back(probes: list[torch.Tensor]) -> list[torch.Tensor | None]:
@@ -73,24 +77,32 @@ def grads_at(
                 return [None] * len(hs)
             return [torch.stack(us, dim=2) for us in zip(*per_probe, strict=True)]
 
-        u_logits = pull_back(gaussian_probes(logits, logit_probes, generator))
+        centred, shifts = gaussian_probes(logits, logit_probes, generator)
+        u_logits = pull_back(centred)
+        u_shift = pull_back(shifts)
         u_fisher = pull_back(fisher_probes_for(logits, fisher_probes, generator))
     n_pred = ids[:, 1:].numel()
     return {
-        i: Gradients(h.detach(), g, ul, uf, loss.item(), n_pred)
-        for i, h, g, ul, uf in zip(blocks, hs, gs, u_logits, u_fisher, strict=True)
+        i: Gradients(h.detach(), g, ul, us, uf, loss.item(), n_pred)
+        for i, h, g, ul, us, uf in zip(blocks, hs, gs, u_logits, u_shift, u_fisher, strict=True)
     }
 
 
-def gaussian_probes(logits: torch.Tensor, k: int, generator=None) -> list[torch.Tensor]:
-    """v ~ N(0, I) over the vocabulary at every position: E[J^T v v^T J] = J^T J. Drawn
-    on the CPU (generator's device), so that every device gets the same probes."""
-    return [
-        torch.randn(logits.shape, generator=generator, dtype=torch.float32, device="cpu").to(
-            logits.device, logits.dtype
-        )
-        for _ in range(k)
-    ]
+def gaussian_probes(
+    logits: torch.Tensor, k: int, generator=None
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """k probes v ~ N(0, I) over the vocabulary at every position, each split into its
+    centred part c = v - mean(v) and its shift part s = mean(v) 1 (independent Gaussians):
+    E[J^T c c^T J] = J^T (I - 1 1^T / V) J, the Jacobian the softmax output sees, and
+    J^T (c + s) is the uncentred probe's J^T v. Drawn on the CPU (generator's device), so
+    that every device gets the same probes."""
+    centred, shifts = [], []
+    for _ in range(k):
+        v = torch.randn(logits.shape, generator=generator, dtype=torch.float32, device="cpu")
+        mean = v.mean(-1, keepdim=True)
+        centred.append((v - mean).to(logits.device, logits.dtype))
+        shifts.append(mean.expand_as(v).to(logits.device, logits.dtype))
+    return centred, shifts
 
 
 def fisher_probes_for(logits: torch.Tensor, k: int, generator=None) -> list[torch.Tensor]:

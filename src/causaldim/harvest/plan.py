@@ -114,6 +114,8 @@ def plan(
         "store_dtype": cfg.store_dtype,
         "outlier_factor": cfg.outlier_factor,
         "logit_probes": cfg.logit_probes,
+        # the probes' products as stored: centred and shift parts apart (since results/4)
+        "logit_probe_parts": ["centred", "shift"],
         "fisher_probes": cfg.fisher_probes,
     }
     keys, dirs = {}, {}

@@ -3,7 +3,10 @@
 Per split, each shard holds whole sequences, flattened to tokens:
   h        [n, d]  residual stream at the output of block L
   g        [n, d]  dLoss/dh (eval split only), loss = next-token CE summed over positions
-  u_logits [n, K, d]  J^T v for K Gaussian probes v over the logits (eval, when asked)
+  u_logits [n, K, d]  J^T (v - mean v) for K Gaussian probes v over the logits (eval,
+                      when asked): the probe with its shift of all logits taken out
+  u_shift  [n, K, d]  J^T (mean(v) 1), the same probes' shift parts (u_logits + u_shift
+                      is J^T v, the uncentred probe's product)
   u_fisher [n, K, d]  J^T (onehot(y) - p), y drawn from the model's softmax (eval, when asked)
   token    [n]     token id at that position
   pos      [n]     position in its sequence
@@ -28,7 +31,7 @@ from ..fileio import atomic_write_bytes, read_sealed_json, sha256_file, write_se
 
 FORMAT = "causaldim-store/1"
 MANIFEST = "manifest.json"
-FLOAT_FIELDS = ("h", "g", "u_logits", "u_fisher")
+FLOAT_FIELDS = ("h", "g", "u_logits", "u_shift", "u_fisher")
 _FP16_MAX = 60_000.0
 
 

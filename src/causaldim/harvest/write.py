@@ -39,7 +39,7 @@ class EvalObserver(Protocol):
 
     def add(self, layer: int, rows: dict[str, torch.Tensor]) -> None:
         """One batch's rows at `layer` as a store would hold them (h, g, u_logits,
-        u_fisher, token, pos, seq, outlier; flat over tokens), on the pass's device."""
+        u_shift, u_fisher, token, pos, seq, outlier; flat over tokens), on the pass's device."""
 
 
 class _OutlierStats:
@@ -171,7 +171,9 @@ def _manifest(p: Plan, layer: int, out: _LayerOutput, seconds: dict, shared_with
         "loss": "next-token cross-entropy summed over positions; g = dLoss/dh",
         "probes": {
             "u_logits": f"{cfg.logit_probes} Gaussian probe(s) v ~ N(0, I_vocab) per "
-            "position; u = J^T v",
+            "position, centred over the vocabulary: u = J^T (v - mean(v))",
+            "u_shift": "the same probes' shift parts: u = J^T (mean(v) 1); u_logits + "
+            "u_shift = J^T v",
             "u_fisher": f"{cfg.fisher_probes} probe(s) v = onehot(y) - p, y ~ softmax; u = J^T v",
         },
         "corpus": {**p.corpus.describe(), "sequences_available": p.splits.n_available},
@@ -224,7 +226,12 @@ def _harvest_split(
             gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + start)
             grads = grads_at(lm, tapped, ids, cfg.logit_probes, cfg.fisher_probes, gen)
             for i, out in grads.items():
-                cols = {"g": out.g, "u_logits": out.u_logits, "u_fisher": out.u_fisher}
+                cols = {
+                    "g": out.g,
+                    "u_logits": out.u_logits,
+                    "u_shift": out.u_shift,
+                    "u_fisher": out.u_fisher,
+                }
                 per_layer[i] = (out.h, {k: v for k, v in cols.items() if v is not None})
             first = next(iter(grads.values()))
             loss_sum, n_pred = loss_sum + first.loss_sum, n_pred + first.n_predictions
