@@ -154,9 +154,13 @@ class AnalysisConfig:
     AtP scores and the kappa_hat fits, and their intervals."""
 
     blocks: int = _opt(
-        32, "Sequence blocks for the bootstraps (Sigma and kappa_hat) and convergence curves."
+        32,
+        "Sequence blocks: the units of Sigma's jackknife and convergence curve and of the "
+        "SAE-side bootstraps.",
     )
-    bootstrap: int = _opt(200, "Bootstrap resamples of sequence blocks (0: none).")
+    bootstrap: int = _opt(
+        200, "Bootstrap resamples of sequence blocks for the SAE-side numbers (0: none)."
+    )
     percentile: float = _opt(
         98.0, "epsilon = this percentile of AtP over the reference width's features."
     )
@@ -185,13 +189,8 @@ class AnalysisConfig:
     )
     profile_blocks: int = _opt(
         16,
-        "Sequence blocks of the profile's bootstraps (each layer and reading keeps a d x d "
+        "Sequence blocks of the profile's estimates (each layer and reading keeps a d x d "
         "sum per block: memory grows with it).",
-    )
-    profile_bootstrap: int = _opt(
-        20,
-        "Bootstrap resamples of each layer of the profile (each costs a few d x d "
-        "eigendecompositions per reading and layer).",
     )
     controls: list[str] = field(
         default_factory=list,
@@ -240,9 +239,8 @@ class AnalysisConfig:
             )
         if self.blocks < 2:
             raise UsageError(f"--blocks must be at least 2, got {self.blocks}")
-        for name in ("bootstrap", "profile_bootstrap"):
-            if getattr(self, name) < 0:
-                raise UsageError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
+        if self.bootstrap < 0:
+            raise UsageError(f"--bootstrap must be >= 0, got {self.bootstrap}")
         if self.profile_blocks < 2:
             raise UsageError(f"--profile-blocks must be at least 2, got {self.profile_blocks}")
         if self.read_tokens <= 0:

@@ -22,6 +22,7 @@ from .model.load import decoder_layers, skeleton
 
 EFFICIENCY = 0.6
 CORRECTION_STEPS = 10  # the deconvolution settles in about this many steps (measured)
+PLUG_IN_EIGS = 8  # per reading: the estimate, its split halves and its convergence curve
 STORE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 EXTRA_BYTES_PER_TOKEN = 4 + 4 + 4 + 1  # token, pos, seq, outlier
 
@@ -65,7 +66,7 @@ def disk_bytes(the_plan: Plan, sweep: SweepConfig | None) -> dict[str, int]:
     cfg = the_plan.config
     d, seq = the_plan.source.d_model, cfg.seq_len
     n_train, n_eval = len(the_plan.splits.train) * seq, len(the_plan.splits.eval) * seq
-    probes = cfg.logit_probes + cfg.fisher_probes
+    probes = 2 * cfg.logit_probes + cfg.fisher_probes  # a Gaussian probe stores two parts
     element = STORE_BYTES[cfg.store_dtype]
     store = n_train * (d * element + EXTRA_BYTES_PER_TOKEN) + n_eval * (
         d * element * (2 + probes) + EXTRA_BYTES_PER_TOKEN
@@ -81,11 +82,12 @@ def disk_bytes(the_plan: Plan, sweep: SweepConfig | None) -> dict[str, int]:
 
 def correction_flops(n_eval: int, d: int, readings: int, b: debias.Budget = debias.FULL) -> float:
     """The finite-sample correction (measures/debias.py) of each direct reading: its
-    eigendecompositions (the point and half-blocks estimates, about CORRECTION_STEPS
-    deconvolution steps of b.draws each; the resamples' few steps of one draw each) and
-    its simulated sums of n_eval weighted Gaussian samples."""
-    eigs = 2 * b.draws * CORRECTION_STEPS + b.resamples * b.resample_iterations
-    sims = 2 * b.draws + b.resamples
+    eigendecompositions (the point, about CORRECTION_STEPS deconvolution steps of b.draws
+    each; the half-blocks estimate and each jackknife replicate, a few steps from it) and
+    its simulated sampling of n_eval weighted Gaussian samples per draw."""
+    steps = CORRECTION_STEPS + b.half_iterations + b.groups * b.replicate_iterations
+    eigs = b.draws * steps
+    sims = b.draws
     return readings * (eigs * 10 * d**3 + sims * 2 * n_eval * d * d)
 
 
@@ -100,10 +102,11 @@ def estimate(
     n_train, n_eval = len(the_plan.splits.train) * seq, len(the_plan.splits.eval) * seq
     params = parameter_counts(the_plan)
     up, above = params["through_layer"], params["above_layer"] + params["head"]
-    probes = cfg.logit_probes + cfg.fisher_probes
+    probes = 2 * cfg.logit_probes + cfg.fisher_probes  # backwards: two per Gaussian probe
     n_saes = len(sweep.widths) * len(sweep.architectures)
     width_sum = sum(sweep.widths) * len(sweep.architectures)
-    direct = 1 + min(cfg.logit_probes, 1) + min(cfg.fisher_probes, 1)
+    # loss, logits and logits_uncentred, fisher
+    direct = 1 + 2 * min(cfg.logit_probes, 1) + min(cfg.fisher_probes, 1)
     # the eval pass: a full forward, then one backward from the loss and one per probe,
     # down to L only (or on to block 0 for the profile)
     backward = (up + above) if analysis.profile else above
@@ -112,7 +115,7 @@ def estimate(
         "harvest_train": 2 * up * n_train,
         "harvest_eval": 2 * (up + above) * n_eval + (1 + probes) * 2 * backward * n_eval,
         "sigma": sums
-        + 4 * (analysis.bootstrap + 7) * 10 * d**3
+        + (1 + direct) * PLUG_IN_EIGS * 10 * d**3
         + correction_flops(n_eval, d, direct),
         # the sparse step (sae/sparse.py): the dense encoder product (2 d m a token) and
         # the selection among its m outputs; the rest touches only the kept entries.
@@ -125,7 +128,7 @@ def estimate(
         n_layers = the_plan.source.n_layers
         flops["profile"] = n_layers * (
             sums
-            + (1 + direct) * (analysis.profile_bootstrap + 7) * 10 * d**3
+            + (1 + direct) * PLUG_IN_EIGS * 10 * d**3
             + correction_flops(n_eval, d, direct, debias.LIGHT)
         )
     speed = (flops_per_second or matmul_flops_per_second(cfg.dtype, cfg.device)) * EFFICIENCY

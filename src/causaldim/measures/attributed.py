@@ -28,8 +28,12 @@ sum_i AtP_i d_i d_i^T (split-invariant too, but it weighs each feature's whole
 direction, so the many features that barely leak into the read subspace spread it over
 nearly all of d: 29 of 32 on the toy with k = 4); merging features by decoder cosine (a
 threshold to choose, and no bound by d).
-Its interval resamples groups of eval-sequence blocks (score.VV_GROUPS), the SAEs held
-fixed.
+It is a plug-in erank: biased low at few samples per dimension, like the direct
+readings' plug-ins, and not corrected as the direct kappa is, so the report does not set it
+beside the direct kappa as its equal. Its interval resamples groups of eval-sequence
+blocks (score.VV_GROUPS), the SAEs held fixed; resampling duplicates blocks, which lowers
+a plug-in erank, so where the percentile interval does not hold the point it is not
+printed (None), rather than widened.
 """
 
 from __future__ import annotations
@@ -73,7 +77,9 @@ def estimate(scores: dict[int, Scores], resamples: int, seed: int = 0) -> dict |
         vv = scores[m].vv_sums.double()
         point = erank_of(vv.sum(0))
         values = [erank_of(torch.einsum("g,gij->ij", w.double(), vv)) for w in draws]
-        rows.append({"width": m, "erank": point, "erank_95": interval_95(values) or None})
+        iv = interval_95(values)
+        held = bool(iv) and iv[0] <= point <= iv[1]
+        rows.append({"width": m, "erank": point, "erank_95": iv if held else None})
     change = None
     if len(rows) > 1 and rows[-2]["erank"] > 0:
         change = rows[-1]["erank"] / rows[-2]["erank"] - 1

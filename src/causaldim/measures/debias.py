@@ -1,42 +1,49 @@
-"""Removing the finite-sample bias of the direct estimates' spectra.
+"""Removing the finite-sample bias of the direct estimates' spectra, with an interval
+that holds on the data it is given.
 
 The plug-in Sigma_hat = sum_i u_i u_i^T / n of rank-1 samples spreads its eigenvalues
-(the top ones grow, the bottom ones shrink), so its erank and participation ratio (PR)
-read low, and the more so the fewer samples there are per dimension. The samples here are
-neither independent nor equal: tokens of one sequence are correlated, and the norms |u|
-are heavy-tailed, so a few samples carry much of the trace. What counts is
+(the top ones grow, the bottom ones shrink), so its erank reads low, the more so the fewer
+independent samples there are per dimension. Tokens of one sequence are correlated and
+the norms |u| heavy-tailed, so the independent samples are far fewer than the tokens.
 
-  n_eff = (sum_i |u_i|^2)^2 / sum_i |u_i|^4,
+erank, by deconvolving the spectrum with sequences as its units. sampling.py measures
+how the samples were drawn (each one's weight a^2 = |u|^2, the correlation rho_k of
+samples k apart in one sequence) and simulates that sampling for Sigma = I, per block of
+sequences: Q_b. For a candidate spectrum lambda the plug-in it would give is eig(D Q D),
+D = diag(lambda)^{1/2}, Q = sum_b Q_b; lambda is moved multiplicatively until that
+matches the observed sorted eigenvalues (as QuEST inverts Marchenko-Pastur, but for the
+data's own weighted, correlated sampling), and erank(lambda) is the estimate.
 
-the number of equal samples that would spread the spectrum as much (for weighted
-Wishart-like sums the Marchenko-Pastur spread is set by it, not by n).
+Chosen by measurement (benchmarks/debias.py, its table in docs/method.md), on planted
+spectra k^-0.8 and k^-1.5, d 64 and 128, log-normal norms, AR(1) correlation along
+sequences of 128 (rho 0, 0.5, 0.9) and directions that depend on the norm (a
+token-dependent low-rank covariance, as J_t^T v has), against:
+- the plug-in: -10% to -34% at 2 to 3 independent samples per dimension;
+- the same deconvolution with independent samples (the previous estimator): -27.5% at
+  rho = 0.9, where correlation leaves a tenth of the samples independent;
+- split-sample eigenvalues (eigenvectors from half of the sequences, variances along them
+  from the other half, NERCOME): +15% to +39% at 2 to 3 per dimension, +2% to +3% at 30:
+  eigenvectors from half the data smear the spectrum, which reads high.
+What it assumes: samples within a stream correlated alike in every direction, directions
+independent of norms within the model (the low-rank cells measure what that costs).
 
-Two estimators remove the bias, both computed from sums kept per block of sequences, so
-that tokens of one sequence stay together in every resample:
+The interval, from the data, never widened to hold the point:
+- sampling: a delete-a-group jackknife over groups of sequence blocks (each replicate
+  deconvolved from the point in a few steps), so a sequence's tokens stay together;
+- simulation: the spread of the estimate over the Monte Carlo draws of Q;
+- remaining bias: the change of the estimate from the first half of the blocks to all of
+  them; if the bias falls like 1/n, what is left of it at n is about that change.
+  half-width = t_{G-1} sqrt(se_sampling^2 + se_simulation^2) + |change|.
 
-- PR, by U-statistics. For independent samples i, j, E[(u_i . u_j)^2] = tr Sigma^2 and
-  E[|u_i|^2 |u_j|^2] = (tr Sigma)^2; summing over pairs from different blocks only
-  (which drops i = j and every pair of one sequence) gives ratio-unbiased estimates of
-  both, from the blocks' Gram matrix <S_b, S_c> and traces alone.
-- erank, by deconvolving the spectrum (a Monte Carlo inversion of the sampling map, as
-  QuEST inverts Marchenko-Pastur, but for weighted samples). The model: u_i = a_i
-  Sigma^{1/2} z_i with z_i ~ N(0, I) and a_i^2 = |u_i|^2 as observed, so the simulation
-  has the data's own heavy-tailed weights (and, in a bootstrap resample, its duplicated
-  blocks). For a candidate spectrum lambda the sampling map is simulated with the same
-  weights, l_sim(lambda) = eig(D Q D), D = diag(lambda)^{1/2}, Q = sum_i a_i^2 z_i z_i^T;
-  lambda is moved multiplicatively until l_sim matches the observed sorted eigenvalues,
-  and erank(lambda) is the estimate. Q is kept per block for a few Gaussian draws, so a
-  resample's Q is a weighted sum of blocks (each block's draw picked at random per
-  resample, so that the simulation's own noise enters the interval), and every step of
-  the iteration costs only eigendecompositions of d x d matrices.
-  Why this over the alternatives: shrinkage formulas (Ledoit-Wolf) assume equal
-  samples, which heavy-tailed norms are not; moment methods (Kong-Valiant) resolve a
-  d = 576 spectrum poorly from a handful of moments at n / d of a few; extrapolating the
-  nested curve assumes a form for the bias. The deconvolution needs only the sampling
-  model, and the planted-spectrum tests hold it to the truth at n_eff / d from 2 to 64.
-  What it assumes: directions independent of norms, and samples independent across
-  blocks; correlation within a sequence is not simulated (it lowers the true number of
-  independent samples, which would leave some bias in place).
+Converged: at least MIN_INDEPENDENT_PER_DIM independent equivalents per dimension
+(sampling.independent_equivalents: n_eff lowered by the measured correlation); below
+that the estimate is reported as not converged, with the sequences that would do.
+
+PR, by U-statistics: for independent samples i, j, E[(u_i . u_j)^2] = tr Sigma^2 and
+E[|u_i|^2 |u_j|^2] = (tr Sigma)^2; summing over pairs from different blocks only (which
+drops i = j and every pair of one sequence) estimates both without bias, so they hold
+under any correlation within a sequence. Their ratio is consistent, not unbiased (a few
+percent high at n_eff / d of 2). Its interval is the same jackknife's.
 """
 
 from __future__ import annotations
@@ -45,24 +52,55 @@ import math
 from typing import NamedTuple
 
 import torch
+from scipy.stats import t as student_t
+
+from . import sampling
+
+MIN_INDEPENDENT_PER_DIM = 4.0
+TOLERANCE = 1e-5  # the deconvolution stops when erank moves less than this, relatively
+FLOOR = 1e-12  # relative: eigenvalues below this share of the trace are treated as 0
 
 
 class Budget(NamedTuple):
     """How much work the correction of one reading may do."""
 
-    draws: int  # Gaussian draws of the simulation averaged for the point estimate
-    resamples: int  # bootstrap resamples of the corrected erank (each costs a few steps)
+    draws: int  # Monte Carlo draws of the simulated sampling averaged for the estimate
+    groups: int  # jackknife groups of sequence blocks (at most the blocks there are)
     iterations: int = 40  # at most, of the deconvolution from the plug-in spectrum
-    resample_iterations: int = 3  # from the point estimate, in each bootstrap resample
+    replicate_iterations: int = 3  # from the point, in each jackknife replicate
+    half_iterations: int = 8  # from the point, for the first half of the blocks
 
 
-FULL = Budget(draws=4, resamples=50)  # the layer of the run
-# Each layer of the profile: the point estimate moves by about 0.3% from FULL's (the
-# simulation's noise), and its interval rests on fewer resamples of fewer steps.
-LIGHT = Budget(draws=2, resamples=20, resample_iterations=2)
-TOLERANCE = 1e-5  # the deconvolution stops when erank moves less than this, relatively
-FLOOR = 1e-12  # relative: eigenvalues below this share of the trace are treated as 0
-CHUNK = 8192  # samples simulated at a time
+# The layer of the run. Fewer draws leave the average simulated spectrum noisy, and the
+# ratio observed / simulated then over-corrects: +2.4% at 4 draws, +1.5% at 8, on a k^-1.5
+# spectrum at 5 independent samples per dimension (benchmarks/debias.py).
+FULL = Budget(draws=8, groups=16)
+# Each layer of the profile: fewer draws and groups (a wider interval, the same estimator).
+LIGHT = Budget(draws=4, groups=8, iterations=25, replicate_iterations=2, half_iterations=5)
+
+
+class Samples(NamedTuple):
+    """What the correction needs of a reading's samples besides their block sums."""
+
+    weights: torch.Tensor  # [streams, seq_len]: each sample's |u|^2 at its position, else 0
+    stream_block: torch.Tensor  # [streams]: the block of each stream's sequence
+    lags: sampling.LagStats
+    n_sequences: int
+
+
+class Correction(NamedTuple):
+    erank: float
+    interval: list[float] | None  # 95%, see the module's docstring
+    half: float | None  # the same estimator on the first half of the blocks
+    eigenvalues: list[float]  # the deconvolved spectrum, unit trace, descending
+    se_sampling: float | None  # jackknife over groups of sequence blocks
+    se_simulation: float  # over the Monte Carlo draws
+    n_independent: float  # independent equivalents (sampling.independent_equivalents)
+    correlation: list[float]  # rho_k along sequences (sampling.LagStats), while >= 0.01
+    converged: bool
+    sequences_needed: int | None  # for MIN_INDEPENDENT_PER_DIM, where not converged
+    participation_ratio: float
+    participation_ratio_95: list[float] | None
 
 
 def n_eff(trace: float, fourth: float) -> float:
@@ -73,10 +111,10 @@ def n_eff(trace: float, fourth: float) -> float:
 def unbiased_traces(
     gram: torch.Tensor, traces: torch.Tensor, n: torch.Tensor, weights: torch.Tensor
 ) -> tuple[float, float]:
-    """Ratio-unbiased (tr Sigma)^2 and tr Sigma^2 (up to one common factor) from pairs of
+    """Unbiased (tr Sigma)^2 and tr Sigma^2 (up to one common factor) from pairs of
     samples in different blocks: gram[b, c] = <S_b, S_c>_F and traces[b] = tr S_b of the
     blocks' sums S_b of u u^T, n[b] their samples, each block counted weights[b] times
-    (copies of one block never pair with each other)."""
+    (a block is never paired with itself)."""
     w = weights.double()
     pairs = float(w @ n) ** 2 - float((w * w) @ (n * n))
     if pairs <= 0:
@@ -99,28 +137,16 @@ def _unit(x: torch.Tensor) -> torch.Tensor:
     return x / x.sum()
 
 
-def simulated_sum(
-    sq: torch.Tensor,
-    block: torch.Tensor,
-    block_weights: torch.Tensor,
-    d: int,
-    gen: torch.Generator,
-    device="cpu",
-) -> torch.Tensor:
-    """Q = sum_i w_b(i) a_i^2 z_i z_i^T with z_i ~ N(0, I_d): the isotropic part of the
-    weighted sampling, with the samples' own weights a_i^2 = sq[i], each block counted
-    block_weights[b] times (a duplicated block is one sample set counted twice, not two
-    independent ones). The draws are made on the CPU (the same on any device)."""
-    weights = (sq * block_weights.double()[block]).float()
-    q = torch.zeros(d, d, dtype=torch.float64, device=device)
-    for start in range(0, len(weights), CHUNK):
-        w = weights[start : start + CHUNK]
-        keep = w > 0
-        if not keep.any():
-            continue
-        z = torch.randn(len(w), d, generator=gen, device="cpu")[keep].to(device)
-        q += ((z * w[keep].to(device)[:, None]).T @ z).double()
-    return q
+def _simulated_spectrum(lam: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """eig(D Q D), unit trace, descending; in float32 (twice as fast as float64, and
+    exact enough for a spectrum matched to a few parts in a thousand) where it converges."""
+    root = lam.sqrt()
+    product = root[:, None] * q * root[None, :]
+    try:
+        values = torch.linalg.eigvalsh(product.float()).double()
+    except torch.linalg.LinAlgError:  # LAPACK's float32 solver fails on some flat spectra
+        values = torch.linalg.eigvalsh(product)
+    return _unit(values.flip(0))
 
 
 def deconvolve(
@@ -139,10 +165,7 @@ def deconvolve(
     qs = [q.double().to(target.device) for q in simulated]
     before = erank_of(lam)
     for _ in range(iterations):
-        root = lam.sqrt()
-        sim = torch.stack(
-            [_unit(torch.linalg.eigvalsh(root[:, None] * q * root[None, :]).flip(0)) for q in qs]
-        ).mean(0)
+        sim = torch.stack([_simulated_spectrum(lam, q) for q in qs]).mean(0)
         ratio = target.clamp_min(floor) / sim.clamp_min(floor)
         lam = _unit((lam * ratio).sort(descending=True).values.clamp_min(floor * 1e-3))
         now = erank_of(lam)
@@ -156,3 +179,93 @@ def erank_of(lam: torch.Tensor) -> float:
     p = _unit(lam.double())
     p = p[p > 0]
     return math.exp(float(-(p * p.log()).sum()))
+
+
+def _jackknife_se(values: list[float]) -> float:
+    g = len(values)
+    mean = sum(values) / g
+    return math.sqrt((g - 1) / g * sum((v - mean) ** 2 for v in values))
+
+
+def correct(
+    block_sums: torch.Tensor,
+    counts: torch.Tensor,
+    samples: Samples,
+    seed: int,
+    budget: Budget = FULL,
+) -> Correction:
+    """The corrected erank, its interval and convergence, and the unbiased PR, from one
+    reading's per-block sums of u u^T [blocks, d, d] and sample counts [blocks]."""
+    blocks, d = block_sums.shape[0], block_sums.shape[-1]
+    device = block_sums.device
+    sums = block_sums.double()
+    rho = samples.lags.correlation()
+    kept = int((rho >= 0.01).sum())  # what results.json shows of it
+    n_indep = sampling.independent_equivalents(samples.weights, rho)
+    flat = sums.reshape(blocks, -1)
+    gram, traces = (flat @ flat.T).cpu(), sums.diagonal(dim1=1, dim2=2).sum(-1).cpu()
+    ones = torch.ones(blocks, dtype=torch.float64)
+    pr = unbiased_pr(gram, traces, counts, ones)
+    weights = sampling.matched_weights(samples.weights, pr)
+    gen = torch.Generator(device="cpu").manual_seed(seed + 7919)
+    q = sampling.simulate(weights, samples.stream_block, blocks, rho, d, budget.draws, gen, device)
+
+    def estimate(weights: torch.Tensor, start=None, iterations=budget.iterations):
+        w = weights.to(device).double()
+        observed = torch.linalg.eigvalsh(torch.einsum("b,bij->ij", w, sums))
+        qs = [torch.einsum("b,bij->ij", w.float(), q[j]).double() for j in range(budget.draws)]
+        return deconvolve(observed, qs, start, iterations), qs
+
+    lam, qs = estimate(ones)
+    point = erank_of(lam)
+
+    # Monte Carlo: how far each draw alone would move the point
+    sims = [_simulated_spectrum(lam, qj) for qj in qs]
+    mean_sim = torch.stack(sims).mean(0)
+    per_draw = [
+        erank_of((lam * mean_sim / s.clamp_min(1e-300)).sort(descending=True).values) for s in sims
+    ]
+    se_sim = math.sqrt(torch.tensor(per_draw).var().item() / len(sims)) if len(sims) > 1 else 0.0
+
+    groups = min(budget.groups, blocks)
+    group_of = torch.arange(blocks) * groups // blocks
+    se_jk, pr_95 = None, None
+    if groups > 1:
+        leave_out = [(group_of != g).double() for g in range(groups)]
+        replicates = [erank_of(estimate(w, lam, budget.replicate_iterations)[0]) for w in leave_out]
+        se_jk = _jackknife_se(replicates)
+        pr_reps = [unbiased_pr(gram, traces, counts, w) for w in leave_out]
+        if all(math.isfinite(v) for v in pr_reps) and math.isfinite(pr):
+            half = float(student_t.ppf(0.975, groups - 1)) * _jackknife_se(pr_reps)
+            pr_95 = [pr - half, pr + half]
+
+    half_estimate = None
+    first = (torch.arange(blocks) < blocks // 2).double()
+    if blocks >= 2 and float(first @ counts.double().cpu()) > 0:
+        half_estimate = erank_of(estimate(first, lam, budget.half_iterations)[0])
+
+    interval = None
+    if se_jk is not None:
+        width = float(student_t.ppf(0.975, groups - 1)) * math.hypot(se_jk, se_sim)
+        width += abs(point - half_estimate) if half_estimate is not None else 0.0
+        interval = [point - width, point + width]
+
+    converged = n_indep >= MIN_INDEPENDENT_PER_DIM * d
+    needed = None
+    if not converged:
+        scale = MIN_INDEPENDENT_PER_DIM * d / max(n_indep, 1e-9)
+        needed = math.ceil(samples.n_sequences * scale)
+    return Correction(
+        point,
+        interval,
+        half_estimate,
+        lam.cpu().tolist(),
+        se_jk,
+        se_sim,
+        n_indep,
+        rho[:kept].tolist(),
+        converged,
+        needed,
+        pr,
+        pr_95,
+    )

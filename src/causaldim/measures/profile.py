@@ -6,8 +6,8 @@ layer on its way down, for about the cost of running it on to block 0. The Accum
 takes those rows as the pass makes them and adds them to per-layer block sums (the same
 rows, blocks and order as sigma.accumulate reads from a store), so no per-token rows of
 the extra layers are ever written. Each layer is then estimated as the run's layer is,
-with coarser blocks, fewer resamples and a lighter correction (debias.LIGHT): a layer
-costs seconds, not a minute.
+with coarser blocks and a lighter correction (debias.LIGHT: fewer draws and jackknife
+groups): a layer costs seconds, not a minute.
 
 Memory: layers x readings x blocks d x d sums, in float32 (check_memory says so before
 the pass).
@@ -24,7 +24,7 @@ from ..config import AnalysisConfig
 from ..errors import UsageError
 from ..harvest.store import block_of, n_blocks
 from . import debias
-from .sigma import READINGS, BlockSums, SigmaEstimate, add_rows, estimate
+from .sigma import READINGS, BlockSums, SigmaEstimate, add_rows, estimate, with_common_mode
 
 SUM_DTYPE = torch.float32
 # What results.json keeps of each layer's reading (the full estimate is the run layer's).
@@ -36,16 +36,25 @@ KEPT = (
     "erank_corrected",
     "erank_corrected_95",
     "erank_corrected_half",
+    "n_independent",
+    "converged",
+    "eval_tokens_needed",
     "participation_ratio_unbiased",
     "participation_ratio_unbiased_95",
     "directions_for",
     "warning",
+    "common_mode_share",
 )
 
 
 def profile_readings(logit_probes: int, fisher_probes: int) -> tuple[str, ...]:
     """The readings the pass gives, in sigma.READINGS' order (the store's)."""
-    given = {"loss": True, "logits": logit_probes > 0, "fisher": fisher_probes > 0}
+    given = {
+        "loss": True,
+        "logits": logit_probes > 0,
+        "logits_uncentred": logit_probes > 0,
+        "fisher": fisher_probes > 0,
+    }
     return tuple(r for r in READINGS if given.get(r, True))
 
 
@@ -93,7 +102,7 @@ class Accumulator:
         self.include_outliers = include_outliers
         self.sums = {
             i: {
-                r: BlockSums(d, self.blocks, r == "activations", device, SUM_DTYPE)
+                r: BlockSums(d, self.blocks, r == "activations", device, SUM_DTYPE, seq_len)
                 for r in readings
             }
             for i in self.layers
@@ -115,37 +124,31 @@ def estimates(
     progress: bool = False,
 ) -> dict[int, dict[str, SigmaEstimate]]:
     """Each layer's estimates, as sigma.measure makes them (the seeds alike) with the
-    profile's blocks, resamples and debias.LIGHT; each layer's sums freed once used."""
-    light = replace(cfg, blocks=acc.blocks, bootstrap=cfg.profile_bootstrap)
+    profile's blocks and debias.LIGHT; each layer's sums freed once used."""
+    light = replace(cfg, blocks=acc.blocks)
     out = {}
     for layer in tqdm(acc.layers, desc="profile", unit="layer", disable=not progress):
         sums = acc.sums.pop(layer)
-        out[layer] = {
+        found = {
             r: estimate(r, s, light, seed + k, probes.get(r, 1), debias.LIGHT)
             for k, (r, s) in enumerate(sums.items())
         }
+        out[layer] = with_common_mode(found, sums)
     return out
 
 
 def profile_results(
-    found: dict[int, dict[str, SigmaEstimate]], acc: Accumulator, cfg: AnalysisConfig, layer: int
+    found: dict[int, dict[str, SigmaEstimate]], acc: Accumulator, layer: int
 ) -> dict:
-    """results.json's "profile": per layer and reading, the kept numbers and the
-    plug-in erank's interval (the activations' reference line has no corrected one)."""
-
-    def row(e: SigmaEstimate) -> dict:
-        kept = {k: getattr(e, k) for k in KEPT}
-        # the plug-in's bias-corrected (basic) interval, widened where needed to hold the
-        # estimate as every interval of the report does
-        lo, hi = e.bootstrap["erank_95"] if e.bootstrap else (None, None)
-        held = None if lo is None else [min(lo, e.erank), max(hi, e.erank)]
-        return {**kept, "erank_95": held}
-
-    layers = {str(i): {r: row(e) for r, e in ests.items()} for i, ests in found.items()}
+    """results.json's "profile": per layer and reading, the kept numbers (the
+    activations' reference line has no corrected erank: its plug-in stands alone)."""
+    layers = {
+        str(i): {r: {k: getattr(e, k) for k in KEPT} for r, e in ests.items()}
+        for i, ests in found.items()
+    }
     return {
         "layers": layers,
         "run_layer": layer,
         "blocks": acc.blocks,
-        "bootstrap": cfg.profile_bootstrap,
         "correction": debias.LIGHT._asdict(),
     }

@@ -1,14 +1,21 @@
 """Direct causal dimensionality: Sigma = E[u u^T] for each output reading, from the store.
 
-Readings (each a field of the store's eval split, one rank-1 sample per token and probe):
-  loss         u = g = dLoss/dh                      (no model work beyond the pass)
-  logits       u = J^T v, v ~ N(0, I_vocab)          E[u u^T] = E[J^T J]
-  fisher       u = J^T (onehot(y) - p), y ~ p         E[u u^T] = E[J^T (diag p - p p^T) J]
-  activations  the centred covariance of h itself: the directions the representation
-               uses, as opposed to those that move the output (a reference line)
+Readings (each from fields of the store's eval split, one rank-1 sample per token and
+probe). J is the full pull-back to h_t: the Jacobian of every later position's output
+with respect to h_t, through attention, summed over those positions (the same gradient
+attribution patching uses), so Sigma = E_t[sum_{t' >= t} J_{t'<-t}^T M J_{t'<-t}]:
+  loss              u = g = dLoss/dh                       (no model work beyond the pass)
+  logits            u = J^T c, c = v - mean(v), v ~ N(0, I_V)  E[u u^T] = E[J^T P J],
+                    P = I - 1 1^T / V: the logits as the softmax output sees them (a shift
+                    of all logits changes nothing); the direct kappa is its erank
+  logits_uncentred  u = J^T v, the same probes whole       E[u u^T] = E[J^T J], the
+                    paper's literal definition, which also counts the shift direction
+  fisher            u = J^T (onehot(y) - p), y ~ p          E[u u^T] = E[J^T (diag p - p p^T) J]
+  activations       the centred covariance of h itself: the directions the representation
+                    uses, as opposed to those that move the output (a reference line)
 
-Sums are kept per block of sequences, so that one pass gives the estimate, a bootstrap
-over sequence blocks, a split-half comparison and a convergence curve.
+Sums are kept per block of sequences, with each sample's weight, sequence and position
+(debias.py corrects the finite-sample bias from them, and puts an interval on it).
 """
 
 from __future__ import annotations
@@ -22,10 +29,25 @@ from ..config import AnalysisConfig
 from ..harvest.store import Store
 from . import debias
 from .debias import n_eff
-from .stats import interval_95
+from .sampling import LagStats
 
-READINGS = {"loss": "g", "logits": "u_logits", "fisher": "u_fisher", "activations": "h"}
-DIRECT = ("loss", "logits", "fisher")  # the readings of the output; activations is a reference
+# reading -> the store fields whose sum is its sample
+READINGS = {
+    "loss": ("g",),
+    "logits": ("u_logits",),
+    "logits_uncentred": ("u_logits", "u_shift"),
+    "fisher": ("u_fisher",),
+    "activations": ("h",),
+}
+DIRECT = ("loss", "logits", "logits_uncentred", "fisher")  # readings of the output
+HEADLINE = "logits"  # the direct kappa: the gauge-invariant logits reading
+DEFINITIONS = {
+    "loss": "erank(E[g g^T]), g = dLoss/dh",
+    "logits": "erank(E[J^T (I - 11^T/V) J])",
+    "logits_uncentred": "erank(E[J^T J])",
+    "fisher": "erank(E[J^T (diag p - p p^T) J])",
+    "activations": "erank(Cov[h])",
+}
 
 
 class Spectrum(NamedTuple):
@@ -50,35 +72,76 @@ def spectrum(eigenvalues: torch.Tensor) -> Spectrum:
 
 class BlockSums:
     """Per-block sums of x x^T (and of x, for a centred covariance) on device, counts
-    (on the CPU), and each sample's squared norm and block (the weights of the
-    finite-sample correction, debias.py). The sums are kept in `dtype` (float32 halves
-    the memory of many layers' sums; a block holds a few hundred tokens) and combined in
+    (on the CPU), and for an uncentred reading what the finite-sample correction needs:
+    each sample's |x|^2, sequence, position and block, and the squared cosines along
+    sequences (sampling.LagStats). The sums are kept in `dtype` (float32 halves the
+    memory of many layers' sums; a block holds a few hundred tokens) and combined in
     float64."""
 
     def __init__(
-        self, d: int, blocks: int, centred: bool = False, device="cpu", dtype=torch.float64
+        self,
+        d: int,
+        blocks: int,
+        centred: bool = False,
+        device="cpu",
+        dtype=torch.float64,
+        seq_len: int = 1,
     ):
         self.xx = torch.zeros(blocks, d, d, dtype=dtype, device=device)
         self.x = torch.zeros(blocks, d, dtype=dtype, device=device) if centred else None
         self.n = torch.zeros(blocks, dtype=torch.float64, device="cpu")
-        self._sq: list[torch.Tensor] = []
-        self._block: list[torch.Tensor] = []
+        self.seq_len = seq_len
+        self.lags = None if centred else LagStats(seq_len)
+        self._rows: list[tuple[torch.Tensor, ...]] = []  # (|x|^2 [n, K], seq, pos, block)
+        self._own = 0  # ids given to rows added without a sequence (each its own)
 
-    def add(self, block: int, x: torch.Tensor) -> None:
+    def add(
+        self,
+        block: int,
+        x: torch.Tensor,
+        seq: torch.Tensor | None = None,
+        pos: torch.Tensor | None = None,
+    ) -> None:
+        """x [n, d], or [n, K, d] for K probes (each its own stream along the sequence);
+        seq and pos [n] (default: each row a sequence of its own)."""
         x = x.to(self.xx.device, torch.float32)
-        self.xx[block] += (x.T @ x).to(self.xx.dtype)
+        x3 = x if x.dim() == 3 else x[:, None]
+        flat = x3.reshape(-1, x3.shape[-1])
+        self.xx[block] += (flat.T @ flat).to(self.xx.dtype)
         if self.x is not None:
-            self.x[block] += x.sum(0).to(self.xx.dtype)
-        self.n[block] += len(x)
-        self._sq.append(x.double().pow(2).sum(1).cpu())
-        self._block.append(torch.full((len(x),), block, dtype=torch.long, device="cpu"))
+            self.x[block] += flat.sum(0).to(self.xx.dtype)
+        self.n[block] += len(flat)
+        n = len(x3)
+        if seq is None:
+            seq = torch.arange(n) - 1 - self._own  # negative: apart from the store's ids
+            self._own += n
+        else:
+            seq = seq.long().cpu()
+        pos = torch.zeros(n, dtype=torch.long) if pos is None else pos.long().cpu()
+        if self.lags is not None:
+            self.lags.add(x3, seq, pos)
+        sq = x3.double().pow(2).sum(-1).cpu()
+        self._rows.append((sq, seq, pos, torch.full((n,), block, dtype=torch.long)))
 
-    def samples(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every sample's |x|^2 and block, in the order added."""
-        if not self._sq:
-            empty = torch.zeros(0, device="cpu")
-            return empty.double(), empty.long()
-        return torch.cat(self._sq), torch.cat(self._block)
+    def samples(self) -> debias.Samples:
+        """The samples' weights laid out per stream (sequence x probe) and position."""
+        sq, seq, pos, block = (torch.cat(c) for c in zip(*self._rows, strict=True))
+        probes = sq.shape[1]
+        ids, stream_seq = torch.unique(seq, return_inverse=True)
+        streams = stream_seq[:, None] * probes + torch.arange(probes)[None, :]
+        weights = torch.zeros(len(ids) * probes, max(self.seq_len, int(pos.max()) + 1))
+        weights = weights.double().index_put_(
+            (streams.flatten(), pos.repeat_interleave(probes)), sq.flatten(), accumulate=True
+        )
+        stream_block = torch.zeros(len(ids) * probes, dtype=torch.long)
+        stream_block[streams.flatten()] = block.repeat_interleave(probes)
+        return debias.Samples(weights, stream_block, self.lags, len(ids))
+
+    def sample_norms(self) -> torch.Tensor:
+        """Every sample's |x|^2, in the order added."""
+        if not self._rows:
+            return torch.zeros(0, dtype=torch.float64)
+        return torch.cat([r[0].flatten() for r in self._rows])
 
     def matrix(self, weights: torch.Tensor | None = None) -> torch.Tensor:
         """The estimate from the blocks with these weights (default: all, once)."""
@@ -94,26 +157,33 @@ class BlockSums:
 
 class SigmaEstimate(NamedTuple):
     reading: str
+    definition: str  # what its erank is of (DEFINITIONS)
     n_tokens: int
     n_samples: int  # rank-1 samples: tokens x probes
     samples_per_dim: float
-    eigenvalues: list[float]  # descending
-    erank: float
+    eigenvalues: list[float]  # descending, of the plug-in estimate
+    erank: float  # plug-in: biased low at few independent samples per dimension
     erank_over_d: float
-    participation_ratio: float
+    participation_ratio: float  # plug-in
     directions_for: dict
-    bootstrap: dict | None  # 95% intervals over resampled sequence blocks
-    split_half: dict  # erank and PR of each half of the blocks
-    convergence: list[dict]  # erank and PR over growing numbers of samples
+    split_half: dict  # plug-in erank and PR of each half of the blocks
+    convergence: list[dict]  # plug-in erank and PR over growing numbers of samples
     warning: str | None
-    # Finite-sample bias removed (debias.py; None for the centred activations reading):
-    n_eff: float  # (sum |u|^2)^2 / sum |u|^4, equal samples that spread the spectrum as much
-    erank_corrected: float | None  # erank of the deconvolved spectrum
-    erank_corrected_95: list[float] | None  # percentile interval over resampled blocks
+    n_eff: float  # (sum |u|^2)^2 / sum |u|^4: equal samples, ignoring correlation
+    # The finite-sample correction (debias.py; None for the centred activations reading):
+    n_independent: float | None  # n_eff lowered by the correlation along sequences
+    converged: bool | None  # n_independent >= debias.MIN_INDEPENDENT_PER_DIM x d
+    eval_tokens_needed: int | None  # about, for convergence, where not converged
+    correlation: list[float] | None  # rho_k of samples k apart in one sequence
+    erank_corrected: float | None  # erank of the deconvolved spectrum: the estimate
+    erank_corrected_95: list[float] | None  # jackknife + simulation + remaining drift
     erank_corrected_half: float | None  # the same from the first half of the blocks
+    erank_corrected_se: dict | None  # {"sampling": jackknife, "simulation": Monte Carlo}
     eigenvalues_corrected: list[float] | None  # the deconvolved spectrum, unit trace
-    participation_ratio_unbiased: float | None  # from U-statistics over block pairs
+    participation_ratio_unbiased: float | None  # U-statistics over block pairs
     participation_ratio_unbiased_95: list[float] | None
+    # logits_uncentred only: the share of its trace along the shift of all logits
+    common_mode_share: float | None = None
     # columns, in the order of `eigenvalues`: the basis of the causal subspace (saved by
     # subspace.py, not in results.json)
     eigenvectors: torch.Tensor | None = None
@@ -127,11 +197,13 @@ def accumulate(
 ):
     """One pass over the eval split; returns {reading: BlockSums} (summed on device)."""
     fields = store.manifest["splits"]["eval"]["fields"]
-    readings = readings or tuple(r for r, f in READINGS.items() if f in fields)
+    readings = readings or tuple(
+        r for r, f in READINGS.items() if all(name in fields for name in f)
+    )
     d, seq_len = store.d_model, store.manifest["seq_len"]
     blocks = store.blocks("eval", cfg.blocks)
-    sums = {r: BlockSums(d, blocks, r == "activations", device) for r in readings}
-    read = tuple(dict.fromkeys([READINGS[r] for r in readings] + ["seq", "pos"]))
+    sums = {r: BlockSums(d, blocks, r == "activations", device, seq_len=seq_len) for r in readings}
+    read = tuple(dict.fromkeys([f for r in readings for f in READINGS[r]] + ["seq", "pos"]))
     batches = store.batches("eval", read, cfg.read_tokens, not cfg.include_outliers)
     for batch in batches:
         add_rows(sums, batch, store.block_of("eval", batch["seq"], blocks), seq_len)
@@ -147,9 +219,39 @@ def add_rows(
     for b in block_of.unique().tolist():
         in_block = block_of == b
         for r, s in sums.items():
-            x = rows[READINGS[r]]
+            fields = READINGS[r]
+            x = rows[fields[0]]
+            for other in fields[1:]:
+                x = x + rows[other]
             keep = in_block & has_target if r == "loss" else in_block
-            s.add(b, x[keep].reshape(-1, x.shape[-1]))
+            s.add(b, x[keep], rows["seq"][keep], rows["pos"][keep])
+
+
+def _plug_in_curves(sums: BlockSums) -> tuple[dict, list[dict]]:
+    """The plug-in's split halves and its convergence curve over growing blocks."""
+    blocks = len(sums.n)
+    halves = {}
+    for name, w in (
+        ("first", torch.arange(blocks) < blocks // 2),
+        ("second", torch.arange(blocks) >= blocks // 2),
+    ):
+        if w.any() and float(w.double() @ sums.n) > 0:
+            s = spectrum(torch.linalg.eigvalsh(sums.matrix(w)))
+            halves[name] = {"erank": s.erank, "participation_ratio": s.participation_ratio}
+    curve = []
+    for k in sorted({max(1, round(blocks * f)) for f in (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1)}):
+        w = (torch.arange(blocks) < k).double()
+        if float(w @ sums.n) == 0:
+            continue
+        s = spectrum(torch.linalg.eigvalsh(sums.matrix(w)))
+        curve.append(
+            {
+                "n_samples": int(w @ sums.n),
+                "erank": s.erank,
+                "participation_ratio": s.participation_ratio,
+            }
+        )
+    return halves, curve
 
 
 def estimate(
@@ -160,87 +262,47 @@ def estimate(
     probes_per_token: int = 1,
     budget: debias.Budget = debias.FULL,
 ) -> SigmaEstimate:
-    """Eigenvalues, erank, PR and their uncertainty for one reading's block sums; the
-    finite-sample correction within `budget`."""
+    """Eigenvalues and erank of the plug-in, and the finite-sample correction within
+    `budget`: the corrected erank with its interval, whether it converged, the PR."""
     d = sums.xx.shape[-1]
     n_samples = int(sums.n.sum())
     values, vectors = torch.linalg.eigh(sums.matrix())
     eig, vectors = values.flip(0).cpu(), vectors.flip(1).cpu().float()
     point = spectrum(eig)
-    blocks = len(sums.n)
-
-    boot, resampled = None, []  # resampled: (block weights, plug-in eigenvalues)
-    if cfg.bootstrap and blocks > 1:
-        gen = torch.Generator().manual_seed(seed)
-        draws = torch.randint(0, blocks, (cfg.bootstrap, blocks), generator=gen, device="cpu")
-        stats = []
-        for row in draws:
-            w = torch.bincount(row, minlength=blocks)
-            eig_w = torch.linalg.eigvalsh(sums.matrix(w))
-            stats.append(spectrum(eig_w))
-            resampled.append((w, eig_w))
-        boot = {"resamples": cfg.bootstrap, "blocks": blocks}
-        for name, value in (
-            ("erank", point.erank),
-            ("participation_ratio", point.participation_ratio),
-        ):
-            boot.update(_intervals(name, value, [getattr(s, name) for s in stats]))
-
-    halves, half_eigenvalues = {}, {}
-    for name, w in (
-        ("first", torch.arange(blocks, device="cpu") < blocks // 2),
-        ("second", torch.arange(blocks, device="cpu") >= blocks // 2),
-    ):
-        if w.any() and float(w.double() @ sums.n) > 0:
-            half_eigenvalues[name] = torch.linalg.eigvalsh(sums.matrix(w))
-            s = spectrum(half_eigenvalues[name])
-            halves[name] = {"erank": s.erank, "participation_ratio": s.participation_ratio}
-
-    curve = []
-    for k in sorted({max(1, round(blocks * f)) for f in (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1)}):
-        w = (torch.arange(blocks, device="cpu") < k).double()
-        s = spectrum(torch.linalg.eigvalsh(sums.matrix(w)))
-        curve.append(
-            {
-                "n_samples": int(w @ sums.n),
-                "erank": s.erank,
-                "participation_ratio": s.participation_ratio,
-            }
-        )
-
-    sq, _ = sums.samples()
+    halves, curve = _plug_in_curves(sums)
+    sq = sums.sample_norms()
     effective = n_eff(float(sq.sum()), float(sq.pow(2).sum()))
-    debiased = (
-        _debiased(sums, eig, half_eigenvalues.get("first"), resampled, seed, budget)
-        if sums.x is None
-        else dict.fromkeys(DEBIASED)
-    )
+    tokens = n_samples // probes_per_token
+    fix, needed = None, None
+    if sums.x is None and n_samples:
+        samples = sums.samples()
+        fix = debias.correct(sums.xx, sums.n, samples, seed, budget)
+        if not fix.converged:
+            needed = math.ceil(tokens * fix.sequences_needed / samples.n_sequences)
     warnings = []
-    if effective / d < cfg.min_samples_per_dim:
+    if fix is not None and not fix.converged:
         warnings.append(
-            f"only {effective:,.0f} effective samples (n_eff) for d={d} "
-            f"({effective / d:.1f} per dimension; {n_samples:,} rank-1 samples, unequal "
-            "norms): finite samples bias the plug-in erank"
-            + ("" if sums.x is not None else ", which the corrected erank removes")
-            + "; harvest more eval tokens or probes"
+            f"not converged: {fix.n_independent:,.0f} independent equivalents for d={d} "
+            f"({fix.n_independent / d:.1f} per dimension, {debias.MIN_INDEPENDENT_PER_DIM:g} "
+            f"needed; tokens of one sequence are correlated and norms unequal): about "
+            f"{needed:,} eval tokens would do"
         )
-    half = debiased["erank_corrected_half"]
-    if half is not None:
-        change = debiased["erank_corrected"] / half - 1
-        what = "the corrected erank"
-    elif len(curve) > 1 and curve[-2]["n_samples"] * 2 >= curve[-1]["n_samples"] * 0.9:
-        change, what = point.erank / curve[-2]["erank"] - 1, "erank"
-    else:
-        change = None
-    if change is not None and abs(change) > cfg.converged_change:
+    if fix is not None and fix.half:
+        change = fix.erank / fix.half - 1
+        if abs(change) > cfg.converged_change:
+            warnings.append(
+                f"the corrected erank moved by {100 * change:+.1f}% from half of the "
+                "sequences to all of them (a bias signal; the interval includes it)"
+            )
+    elif fix is None and effective / d < cfg.min_samples_per_dim:
         warnings.append(
-            f"not converged: {what} changed by {100 * change:+.1f}% over the last doubling "
-            "of samples; harvest more eval tokens or probes"
+            f"only {effective:,.0f} effective samples for d={d} ({effective / d:.1f} per "
+            "dimension): finite samples bias this plug-in erank"
         )
-    warning = "; ".join(warnings) or None
     return SigmaEstimate(
         reading,
-        n_samples // probes_per_token,
+        DEFINITIONS[reading],
+        tokens,
         n_samples,
         n_samples / d,
         eig.tolist(),
@@ -248,93 +310,38 @@ def estimate(
         point.erank / d,
         point.participation_ratio,
         point.directions_for,
-        boot,
         halves,
         curve,
-        warning,
+        "; ".join(warnings) or None,
         effective,
-        **debiased,
+        n_independent=None if fix is None else fix.n_independent,
+        converged=None if fix is None else fix.converged,
+        eval_tokens_needed=needed,
+        correlation=None if fix is None else fix.correlation,
+        erank_corrected=None if fix is None else fix.erank,
+        erank_corrected_95=None if fix is None else fix.interval,
+        erank_corrected_half=None if fix is None else fix.half,
+        erank_corrected_se=None
+        if fix is None
+        else {"sampling": fix.se_sampling, "simulation": fix.se_simulation},
+        eigenvalues_corrected=None if fix is None else fix.eigenvalues,
+        participation_ratio_unbiased=None if fix is None else fix.participation_ratio,
+        participation_ratio_unbiased_95=None if fix is None else fix.participation_ratio_95,
         eigenvectors=vectors,
     )
 
 
-DEBIASED = (
-    "erank_corrected",
-    "erank_corrected_95",
-    "erank_corrected_half",
-    "eigenvalues_corrected",
-    "participation_ratio_unbiased",
-    "participation_ratio_unbiased_95",
-)
-
-
-def _debiased(
-    sums: BlockSums,
-    eig: torch.Tensor,
-    half_eig: torch.Tensor | None,
-    resampled: list,
-    seed: int,
-    budget: debias.Budget,
-) -> dict:
-    """The corrected erank and the unbiased PR of an uncentred reading, each with its
-    interval over the bootstrap's resampled blocks (the first budget.resamples of them
-    for the erank, whose resamples each cost a few deconvolution steps)."""
-    d, blocks = sums.xx.shape[-1], len(sums.n)
-    sq, block = sums.samples()
-    gen = torch.Generator(device="cpu").manual_seed(seed + 7919)  # apart from the bootstrap's draws
-    flat = sums.xx.reshape(blocks, -1).double()
-    gram = (flat @ flat.T).cpu()
-    traces = sums.xx.diagonal(dim1=1, dim2=2).sum(-1).double().cpu()
-
-    def corrected(weights, observed, draws, start=None, iterations=budget.iterations):
-        """On the sums' device: the eigendecompositions are most of the work."""
-        device = sums.xx.device
-        qs = [debias.simulated_sum(sq, block, weights, d, gen, device) for _ in range(draws)]
-        return debias.deconvolve(observed.to(device), qs, start, iterations)
-
-    ones = torch.ones(blocks, dtype=torch.float64, device="cpu")
-    lam = corrected(ones, eig, budget.draws)
-    first_half = (torch.arange(blocks, device="cpu") < blocks // 2).double()
-    half = None  # the same from the first half of the blocks (half_eig: their plug-in)
-    if half_eig is not None:
-        half = debias.erank_of(corrected(first_half, half_eig, budget.draws, lam))
-    point = debias.erank_of(lam)
-    pr = debias.unbiased_pr(gram, traces, sums.n, ones)
-    erank_boot = [
-        debias.erank_of(corrected(w, e, 1, lam, budget.resample_iterations))
-        for w, e in resampled[: budget.resamples]
-    ]
-    pr_boot = [debias.unbiased_pr(gram, traces, sums.n, w) for w, _ in resampled]
+def with_common_mode(estimates: dict[str, SigmaEstimate], sums: dict[str, BlockSums]) -> dict:
+    """The uncentred reading's share of trace along the shift of all logits: its trace
+    less the centred reading's (the two parts are independent, so traces add)."""
+    if "logits_uncentred" not in estimates or "logits" not in sums:
+        return estimates
+    whole = float(sums["logits_uncentred"].xx.double().diagonal(dim1=1, dim2=2).sum())
+    centred = float(sums["logits"].xx.double().diagonal(dim1=1, dim2=2).sum())
+    share = 1 - centred / whole if whole > 0 else None
     return {
-        "erank_corrected": point,
-        "erank_corrected_95": _holding(point, erank_boot),
-        "erank_corrected_half": half,
-        "eigenvalues_corrected": lam.cpu().tolist(),
-        "participation_ratio_unbiased": pr,
-        "participation_ratio_unbiased_95": _holding(pr, pr_boot),
-    }
-
-
-def _holding(point: float, values: list[float]) -> list[float] | None:
-    """The percentile interval of resampled values, widened where needed to hold the
-    point estimate (so that the interval never excludes the number it qualifies)."""
-    finite = [v for v in values if math.isfinite(v)]
-    if not finite:
-        return None
-    lo, hi = interval_95(finite)
-    return [min(lo, point), max(hi, point)]
-
-
-def _intervals(name: str, point: float, values: list[float]) -> dict:
-    """Resampling duplicates blocks, which spreads the eigenvalues and lowers erank: the
-    percentile interval inherits that bias. The basic interval reflects the bootstrap
-    distribution about the estimate, which corrects for it; both are reported."""
-    lo, hi = interval_95(values)
-    mean = float(torch.tensor(values, dtype=torch.float64, device="cpu").mean())
-    return {
-        f"{name}_95": [2 * point - hi, 2 * point - lo],
-        f"{name}_95_percentile": [lo, hi],
-        f"{name}_bootstrap_bias": mean - point,
+        **estimates,
+        "logits_uncentred": estimates["logits_uncentred"]._replace(common_mode_share=share),
     }
 
 
@@ -343,11 +350,14 @@ def measure(store: Store, cfg: AnalysisConfig | None = None, seed: int = 0, devi
     eigendecompositions on device."""
     cfg = cfg or AnalysisConfig()
     sums = accumulate(store, cfg, device=device)
-    probes = {
-        "logits": store.manifest["key"].get("logit_probes", 0),
-        "fisher": store.manifest["key"].get("fisher_probes", 0),
-    }
-    return {
+    probes = probes_per_token(store.manifest["key"])
+    found = {
         reading: estimate(reading, s, cfg, seed + i, probes.get(reading, 1))
         for i, (reading, s) in enumerate(sums.items())
     }
+    return with_common_mode(found, sums)
+
+
+def probes_per_token(key: dict) -> dict[str, int]:
+    logits = key.get("logit_probes", 0)
+    return {"logits": logits, "logits_uncentred": logits, "fisher": key.get("fisher_probes", 0)}
