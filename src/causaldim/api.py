@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
+from .measures.sigma import HEADLINE
 from .report.results import load_results
 from .report.tables import TABLES, Row, write_csvs
 
@@ -15,6 +16,19 @@ class Estimate(NamedTuple):
     value: float
     low: float | None  # the 95% interval
     high: float | None
+    reading: str | None = None  # a direct estimate's reading (loss, logits, ...)
+    converged: bool | None = None  # a direct estimate's: enough independent samples
+    eval_tokens_needed: int | None = None  # about, where it has not converged
+
+    def __repr__(self) -> str:
+        interval = "" if self.low is None else f" [{self.low:.1f}, {self.high:.1f}]"
+        text = f"{self.value:.1f}{interval}"
+        if self.reading:
+            text = f"{self.reading}: {text}"
+        if self.converged is False:
+            more = self.eval_tokens_needed
+            text += " (not converged" + (f"; about {more:,} eval tokens would do)" if more else ")")
+        return f"Estimate({text})"
 
 
 class Results:
@@ -35,20 +49,24 @@ class Results:
         return self.data["store"]["layer"]
 
     @property
-    def kappa(self) -> Estimate:
-        """The direct kappa: erank(E[J^T J]) of the logits reading (or the first reading
-        the run measured), corrected for finite samples, with its 95% interval."""
-        sigma = self.data["sigma"]
-        reading = next(r for r in ("logits", "loss", "fisher") if r in sigma)
-        return self.direct(reading)
+    def kappa(self) -> Estimate | None:
+        """The direct kappa: erank(E[J^T (I - 11^T/V) J]), the gauge-invariant logits
+        reading, corrected for finite samples, with its 95% interval and whether it
+        converged; None where the run had no logit probes."""
+        return self.direct(HEADLINE) if HEADLINE in self.data["sigma"] else None
 
     def direct(self, reading: str) -> Estimate:
-        """One reading's corrected erank (loss, logits, fisher, activations)."""
+        """One reading's erank: corrected for finite samples (loss, logits,
+        logits_uncentred, fisher), or the plug-in of the activations' reference line."""
         if reading not in self.data["sigma"]:
             raise KeyError(f"no {reading!r} reading; this run has {', '.join(self.data['sigma'])}")
         e = self.data["sigma"][reading]
+        if e.get("erank_corrected") is None:  # activations: a plug-in, no interval
+            return Estimate(e["erank"], None, None, reading)
         lo, hi = e.get("erank_corrected_95") or (None, None)
-        return Estimate(e["erank_corrected"], lo, hi)
+        return Estimate(
+            e["erank_corrected"], lo, hi, reading, e.get("converged"), e.get("eval_tokens_needed")
+        )
 
     @property
     def kappa_hat(self) -> Estimate | None:
@@ -67,7 +85,8 @@ class Results:
     @property
     def headline(self) -> str:
         """The lines a run prints at its end: the wedge, kappa_hat (or why not), warnings."""
-        from .report.sections import direct_kappa, summary
+        from .report.direct import direct_kappa
+        from .report.sections import summary
 
         d = self.data["store"]["model"]["d_model"]
         return "\n".join([*direct_kappa(self.data["sigma"], d)[:1], summary(self.data)])

@@ -207,7 +207,8 @@ def _cmd_harvest(args) -> int:
 
 def _cmd_run(args) -> int:
     from .pipeline import check, run
-    from .report.sections import sigma_table, summary
+    from .report.direct import sigma_table
+    from .report.sections import summary
 
     t = time.perf_counter()
     cfg, sweep_cfg = _config(args, HarvestConfig), _config(args, SweepConfig)
@@ -340,9 +341,10 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_report(args) -> int:
+    from .report.direct import sigma_table
     from .report.render import render
     from .report.results import load_results
-    from .report.sections import sigma_table, summary
+    from .report.sections import summary
 
     results = load_results(args.results)  # the schema is checked before anything is written
     print(sigma_table(results))

@@ -332,7 +332,7 @@ def run(
         t = time.perf_counter()
         probes = {"logits": cfg.logit_probes, "fisher": cfg.fisher_probes}
         found = profile.estimates(acc, analysis_cfg, cfg.seed, probes, progress)
-        profiled = profile.profile_results(found, acc, analysis_cfg, plans.main.layer)
+        profiled = profile.profile_results(found, acc, plans.main.layer)
         seconds["profile"] = time.perf_counter() - t
     found = controls_stage(
         plans, harvested, here, analysis_cfg, executor, headline, progress, seconds

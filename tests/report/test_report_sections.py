@@ -17,20 +17,18 @@ from causaldim.config import AnalysisConfig, HarvestConfig, SweepConfig
 from causaldim.errors import IntegrityError, UsageError
 from causaldim.fileio import write_sealed_json
 from causaldim.measures.analysis import ATP_EDGES
-from causaldim.measures.sigma import DEBIASED
 from causaldim.paper import PAPER
 from causaldim.report.doc import Doc
 from causaldim.report.figures import plot_atp, plot_sigma, plot_wedge
 from causaldim.report.fmt import ci, growth, num, pct, sci
 from causaldim.report.render import figure_plan, render
 from causaldim.report.results import SCHEMA, load_results
+from causaldim.report.direct import direct_sigma, sigma_table
 from causaldim.report.sections import (
     beside_paper,
     build_report,
-    direct_sigma,
     headline,
     provenance,
-    sigma_table,
     summary,
     sweeps,
     title,
@@ -51,21 +49,36 @@ WARNINGS = [
 # ----------------------------------------------------------------------------- the results dict
 
 
-def sigma_estimate(reading, erank, pr, iv, n_tokens=8192, probes=1, warning=None, boot=True):
+CORRECTION_KEYS = (
+    "n_independent",
+    "converged",
+    "eval_tokens_needed",
+    "correlation",
+    "erank_corrected",
+    "erank_corrected_95",
+    "erank_corrected_half",
+    "erank_corrected_se",
+    "eigenvalues_corrected",
+    "participation_ratio_unbiased",
+    "participation_ratio_unbiased_95",
+)
+DEFINITIONS = {
+    "loss": "erank(E[g g^T]), g = dLoss/dh",
+    "logits": "erank(E[J^T (I - 11^T/V) J])",
+    "logits_uncentred": "erank(E[J^T J])",
+    "fisher": "erank(E[J^T (diag p - p p^T) J])",
+    "activations": "erank(Cov[h])",
+}
+
+
+def sigma_estimate(
+    reading, erank, pr, iv, n_tokens=8192, probes=1, warning=None, boot=True, converged=True
+):
     """A reading as SigmaEstimate.to_dict() writes it."""
     n = n_tokens * probes
-    bootstrap = {
-        "resamples": 200,
-        "blocks": 32,
-        "erank_95": list(iv),
-        "erank_95_percentile": [iv[0] - 2.0, iv[1] - 2.0],
-        "erank_bootstrap_bias": -2.0,
-        "participation_ratio_95": [pr - 3.0, pr + 3.0],
-        "participation_ratio_95_percentile": [pr - 4.0, pr + 2.0],
-        "participation_ratio_bootstrap_bias": -1.0,
-    }
     return {
         "reading": reading,
+        "definition": DEFINITIONS[reading],
         "n_tokens": n_tokens,
         "n_samples": n,
         "samples_per_dim": n / D,
@@ -74,7 +87,6 @@ def sigma_estimate(reading, erank, pr, iv, n_tokens=8192, probes=1, warning=None
         "erank_over_d": erank / D,
         "participation_ratio": pr,
         "directions_for": {"50%": 40, "90%": 220, "99%": 480},
-        "bootstrap": bootstrap if boot else None,
         "split_half": {
             "first": {"erank": erank - 1.0, "participation_ratio": pr - 1.0},
             "second": {"erank": erank + 1.0, "participation_ratio": pr + 1.0},
@@ -86,14 +98,20 @@ def sigma_estimate(reading, erank, pr, iv, n_tokens=8192, probes=1, warning=None
         ],
         "warning": warning,
         "n_eff": 0.25 * n,
+        "common_mode_share": 0.5 if reading == "logits_uncentred" else None,
         # the finite-sample correction: for the direct readings, 10% above the plug-in
         **(
-            dict.fromkeys(DEBIASED)
+            dict.fromkeys(CORRECTION_KEYS)
             if reading == "activations"
             else {
+                "n_independent": 0.2 * n,
+                "converged": converged,
+                "eval_tokens_needed": None if converged else 4 * n_tokens,
+                "correlation": [1.0, 0.5, 0.2],
                 "erank_corrected": 1.1 * erank,
                 "erank_corrected_95": [1.1 * iv[0], 1.1 * iv[1]] if boot else None,
                 "erank_corrected_half": 1.09 * erank,
+                "erank_corrected_se": {"sampling": 2.0, "simulation": 0.5},
                 "eigenvalues_corrected": [1.0 / D] * D,
                 "participation_ratio_unbiased": 1.2 * pr,
                 "participation_ratio_unbiased_95": [1.1 * pr, 1.3 * pr] if boot else None,
@@ -324,6 +342,7 @@ def make_results(**overrides) -> dict:
         "sigma": {
             "loss": sigma_estimate("loss", 123.4, 45.6, [110.2, 131.8]),
             "logits": sigma_estimate("logits", 234.5, 78.9, [220.1, 249.9]),
+            "logits_uncentred": sigma_estimate("logits_uncentred", 134.5, 48.9, [120.1, 149.9]),
             "fisher": sigma_estimate(
                 "fisher", 210.9, 66.6, [199.3, 230.4], warning="not converged: erank changed"
             ),
@@ -460,14 +479,24 @@ def test_headline_quotes_the_fits_the_direct_estimates_and_the_wedge():
     assert "- Constrained to kappa <= d: kappa_hat = 433 [311, 576] (hyperbolic)." in md
     assert md.index("Direct kappa") < md.index("SAE estimate")  # the direct one leads
     assert (
-        "- Direct kappa = erank(E[J^T J]) (logits reading, corrected for finite samples): 258 "
-        "[242, 275] (95%, resampled sequence blocks), 0.45 d; participation ratio (unbiased) "
-        "94.7 [87, 103]; 2,048 effective samples (3.6 per dimension)."
+        "- Direct kappa = erank(E[J^T (I - 11^T/V) J]) (the logits reading, each probe "
+        "centred over the vocabulary; J pulled back through every later position, as AtP's "
+        "gradient is): 258 [242, 275], 0.45 d, corrected for finite samples (95%: sequences, "
+        "simulation and remaining drift); converged, 1,638 independent equivalents (2.8 per "
+        "dimension; n_eff 2,048); participation ratio 94.7 [87, 103]."
     ) in md
-    assert "- Beside it, loss: corrected erank 136 [121, 145], unbiased PR 54.7 [50, 59]." in md
-    assert "- Beside it, fisher: corrected erank 232 [219, 253], unbiased PR 79.9 [73, 87]." in md
     assert (
-        "- Plug-in eranks (biased low by finite samples): logits 234, loss 123, fisher 211."
+        "- The paper's literal erank(E[J^T J]) (uncentred probes): 148 [132, 165]; 50.0% of "
+        "its trace lies along the shift of all logits"
+    ) in md
+    assert (
+        "- Beside it, the loss reading, erank(E[g g^T]), g = dLoss/dh: 136 [121, 145], "
+        "participation ratio 54.7."
+    ) in md
+    assert "- Beside it, the fisher reading, erank(E[J^T (diag p - p p^T) J]): 232 [219, 253]" in md
+    assert (
+        "- Plug-in eranks (biased low by finite samples): loss 123, logits 234, "
+        "logits_uncentred 134, fisher 211."
     ) in md
     assert "activations" not in md  # a reference, not an estimate
     assert (
@@ -477,8 +506,8 @@ def test_headline_quotes_the_fits_the_direct_estimates_and_the_wedge():
         "ones, N_causal grows x7.34 (82 -> 234 -> 602)."
     ) in md
     assert (
-        "- Split-robust SAE estimate (erank of E[v v^T], v = g seen through the active features): "
-        "127 [118, 136] at the widest SAE, +5.1% from the second widest."
+        "- Split-robust SAE estimate (plug-in erank of E[v v^T], v = g seen through the active "
+        "features): 127 [118, 136] at the widest SAE, +5.1% from the second widest."
     ) in md
 
 
@@ -511,8 +540,8 @@ def test_beside_paper_sets_each_number_of_the_run_beside_the_papers():
         "| kappa_hat [95% CI] | 433 [311, 698] | 1,990 [545, 5,130] |",
         "| kappa_hat / d | 0.75 | 0.86 |",
         "| split-robust SAE estimate (widest) [95% CI] | 127 [118, 136] |  |",
-        "| direct kappa (erank, logits, corrected) | 258 |  |",
-        "| kappa_PR (direct, logits, unbiased) | 94.7 | 280 |",
+        "| direct kappa (erank, gauge-invariant logits reading, corrected) | 258 [242, 275] |  |",
+        "| kappa_PR (direct, the same reading, U-statistics) | 94.7 | 280 |",
         "| coverage at the widest SAE | 69.6% | 72.0% |",
         "| width for (95%) recovery | 9,880 | 2,600,000 |",
     ):
@@ -648,9 +677,9 @@ def without_bootstrap() -> dict:
         n_causal_loglog_slope=None,
         n_causal_growth_95=None,
     )
-    del results["sigma"]["loss"], results["sigma"]["logits"]
+    for reading in ("loss", "logits", "logits_uncentred"):  # --logit-probes 0
+        del results["sigma"][reading]
     for est in results["sigma"].values():
-        est["bootstrap"] = None
         if est["erank_corrected"] is not None:
             est["erank_corrected_95"] = est["participation_ratio_unbiased_95"] = None
     return results
@@ -662,24 +691,29 @@ def test_missing_values_render_as_na():
     assert "kappa_hat = 433, 95% bootstrap interval [n/a]" in md
     assert "N_causal(m_max) / kappa_hat = n/a; 95% of kappa_hat is reached at width n/a." in md
     assert "Constrained to kappa <= d: kappa_hat = 433 [n/a] (hyperbolic)." in md
-    assert "Beside it" not in md  # fisher alone leads
+    # without logit probes there is no direct kappa: fisher stands beside, by name
+    assert "- Direct kappa: not measured (the run had no logit probes)." in md
     assert (
-        "Direct kappa = erank(E[J^T J]) (fisher reading, corrected for finite samples): 232 "
-        "[n/a] (95%, resampled sequence blocks), 0.40 d; participation ratio (unbiased) 79.9 "
-        "[n/a]; 2,048 effective samples (3.6 per dimension)."
+        "- Beside it, the fisher reading, erank(E[J^T (diag p - p p^T) J]): 232 [n/a], "
+        "participation ratio 79.9."
     ) in md
     (wedge,) = lines_with(md, "The wedge over x4")
     assert "N_repr grows" in wedge and "(log-log slope 0.96)" in wedge
     assert wedge.count("n/a") == 4  # two growth ratios, an interval and one slope
     assert "| kappa_hat [95% CI] | 433 [n/a] | 1,990 [545, 5,130] |" in md
-    assert "| kappa_PR (direct, fisher, unbiased) | 79.9 | 280 |" in md
+    assert (
+        "| direct kappa (erank, gauge-invariant logits reading, corrected) | n/a (no logit "
+        "probes) |  |"
+    ) in md
+    assert "| kappa_PR (direct, the same reading, U-statistics) | n/a | 280 |" in md
     assert "| coverage at the widest SAE | n/a | 72.0% |" in md
     assert "| width for (95%) recovery | n/a | 2,600,000 |" in md
     assert "95% interval [n/a]); 8,192 eval tokens in 32 blocks, 0 bootstrap resamples" in md
     assert "| 1,024 | 1,010 | [n/a] | 41 | [n/a] | 95.9% | n/a | n/a | n/a | n/a |" in md
     assert "| hyperbolic | 433 | [n/a] | 19.87 | 9.87 | 9,880 | n/a |  |" in md
     assert (
-        "| fisher | 232 | [n/a] | 0.403 | 79.9 | [n/a] | 210.9 [n/a] | 66.6 | 2,048 | 8,192 |" in md
+        "| fisher | erank(E[J^T (diag p - p p^T) J]) | 232 [n/a] | 0.403 | 79.9 | [n/a] | 210.9 | "
+        "1,638 | 8,192 |" in md
     )
     assert "nan" not in md
 
@@ -689,18 +723,19 @@ def test_direct_sigma_tabulates_every_reading_with_its_warning():
     md = text(direct_sigma, results=make_results(), figures=figures)
     assert "## Direct Sigma" in md
     assert (
-        "| reading | erank (corrected) | 95% CI | /d | PR (unbiased) | 95% CI | "
-        "erank (plug-in) [95%] | PR (plug-in) | n_eff | samples | warning |"
+        "| reading | erank of | erank (corrected) [95%] | /d | PR (U-stat.) | 95% CI | "
+        "erank (plug-in) | independent | samples | warning |"
     ) in md
     assert (
-        "| loss | 136 | [121, 145] | 0.236 | 54.7 | [50, 59] | 123.4 [110, 132] | 45.6 | "
-        "2,048 | 8,192 |  |"
+        "| loss | erank(E[g g^T]), g = dLoss/dh | 136 [121, 145] | 0.236 | 54.7 | [50, 59] | "
+        "123.4 | 1,638 | 8,192 |  |"
     ) in md
-    assert "| fisher | 232 | [219, 253] |" in md and "| not converged: erank changed |" in md
+    assert "| fisher | erank(E[J^T (diag p - p p^T) J]) | 232 [219, 253] |" in md
+    assert "| not converged: erank changed |" in md
     assert (
-        "| activations | n/a | [n/a] | n/a | n/a | [n/a] | 301.2 [290, 311] | 12.3 | 2,048 | "
-        "8,192 |  |"
+        "| activations | erank(Cov[h]) | n/a | n/a | n/a | [n/a] | 301.2 | n/a | 8,192 |  |"
     ) in md
+    assert "50.0% of the uncentred reading's trace lies along the shift of all logits" in md
     assert md.index("| loss |") < md.index("| logits |") < md.index("| activations |")
     assert "![sigma](f/sigma.png)" in md
     assert text(direct_sigma, results=make_results(sigma={})) == "\n"  # no reading: no section
@@ -741,17 +776,34 @@ def test_sigma_table_lists_every_reading_and_its_warning():
     table = sigma_table(make_results()).splitlines()
     assert table[0].split() == [
         *("reading", "erank", "95%", "interval", "/d", "PR"),
-        *("plug-in", "PR", "pl.", "n_eff", "per", "dim"),
+        *("plug-in", "indep./d", "converged"),
     ]
     assert table[1].split() == [
         *("loss", "136", "[", "121.2,", "145.0]", "0.236", "54.7"),
-        *("123.4", "45.6", "2,048", "3.6"),
+        *("123.4", "2.8", "yes"),
     ]
-    assert table[3].startswith("fisher ")
-    assert table[4] == "  warning: not converged: erank changed"
-    assert table[5].split()[:5] == ["activations", "n/a", "[n/a]", "n/a", "n/a"]
-    assert table[6] == "erank and PR: corrected for finite samples; plug-in: of the sample Sigma"
-    assert len(table) == 7
+    assert table[3].startswith("logits_uncentred ")
+    assert table[4].startswith("fisher ")
+    assert table[5] == "  warning: not converged: erank changed"
+    assert table[6].split()[:5] == ["activations", "n/a", "n/a", "n/a", "n/a"]
+    assert table[7].startswith("direct kappa: the logits reading, erank(E[J^T (I - 11^T/V) J])")
+    assert len(table) == 8
+
+
+def test_a_headline_that_has_not_converged_says_so_everywhere():
+    """The CLI table, the headline, beside-the-paper and the Direct Sigma table."""
+    results = make_results()
+    results["sigma"]["logits"] = sigma_estimate(
+        "logits", 234.5, 78.9, [220.1, 249.9], converged=False
+    )
+    flag = "(not converged; about 32,768 eval tokens would do)"
+    md = text(headline, beside_paper, direct_sigma, results=results)
+    assert md.count(flag) >= 3
+    assert "NOT converged" in md
+    table = sigma_table(results)
+    assert [line.split()[-1] for line in table.splitlines() if line.startswith("logits ")] == [
+        "NO"
+    ]
 
 
 def test_sigma_table_writes_a_missing_interval_as_na():
@@ -765,7 +817,7 @@ def test_summary_is_the_few_lines_printed_at_the_end():
         "tokens; over firing tokens: x7.34); epsilon 3.21e-05",
         "kappa_hat 433 [311, 698] (hyperbolic, by AICc), kappa_hat/d 0.75, coverage 69.6%; "
         "constrained to d: 433 [311, 576]",
-        "split-robust SAE estimate (erank of E[v v^T], v = g seen through the active "
+        "split-robust SAE estimate (plug-in erank of E[v v^T], v = g seen through the active "
         "features): 127 [118, 136] at the widest SAE, +5.1% from the second widest",
         *[f"warning: {w}" for w in WARNINGS],
     ]

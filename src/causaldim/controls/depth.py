@@ -1,6 +1,6 @@
 """Control 'depth': the whole measurement at several layers of one model, harvested in
 the same model pass as the headline layer (each layer its own store and sweep): epsilon,
-N_causal growth, kappa_hat and the direct eranks per layer."""
+N_causal growth, kappa_hat and the direct eranks (corrected) per layer."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ def default_depth_layers(n_layers: int, headline: int) -> list[int]:
 
 def depth_summary(per_layer: dict[int, tuple[dict, dict]]) -> dict:
     """per_layer: {layer: (sigma estimates as in results.json, the layer's analysis)}.
-    Per layer: epsilon, N_causal and its growth, kappa_hat and the direct eranks; and the
+    Per layer: epsilon, N_causal and its growth, kappa_hat and the direct eranks
+    (corrected, with their intervals and whether they converged); and the
     ratio of epsilon at the first layer to that at the last (the paper: a 20x fall from
     layer 1 to layer 23 of Gemma-2-2B)."""
     rows = []
@@ -39,15 +40,14 @@ def depth_summary(per_layer: dict[int, tuple[dict, dict]]) -> dict:
                 "n_causal_growth": a["wedge"]["n_causal_growth"],
                 "kappa_hat": free["kappa"],
                 "kappa_95": free["interval_95"],
-                "erank": {r: sigma[r]["erank"] for r in DIRECT if r in sigma},
-                "erank_95": {
-                    r: (sigma[r]["bootstrap"] or {}).get("erank_95") for r in DIRECT if r in sigma
-                },
+                "erank": {r: sigma[r]["erank_corrected"] for r in DIRECT if r in sigma},
+                "erank_95": {r: sigma[r]["erank_corrected_95"] for r in DIRECT if r in sigma},
+                "converged": {r: sigma[r]["converged"] for r in DIRECT if r in sigma},
             }
         )
     first, last = rows[0]["epsilon"], rows[-1]["epsilon"]
     kappas = [r["kappa_hat"] for r in rows]
-    losses = [r["erank"]["loss"] for r in rows if r["erank"].get("loss") is not None]
+    logits = [r["erank"]["logits"] for r in rows if r["erank"].get("logits") is not None]
     return {
         "layers": [r["layer"] for r in rows],
         "widths": [r["width"] for r in next(iter(per_layer.values()))[1]["per_width"]],
@@ -55,7 +55,7 @@ def depth_summary(per_layer: dict[int, tuple[dict, dict]]) -> dict:
         "epsilon_first_over_last": first / last if last > 0 else None,
         "paper_epsilon_fall": EPSILON_FALL,
         "kappa_range": [min(kappas), max(kappas)],
-        "loss_erank_range": [min(losses), max(losses)] if losses else None,
+        "logits_erank_range": [min(logits), max(logits)] if logits else None,
     }
 
 
@@ -73,7 +73,7 @@ def plot_depth(c: dict, path: Path) -> Path:
         color = f"C{i}"
         values = [r["erank"].get(reading) for r in c["rows"]]
         if any(v is not None for v in values):
-            ax.plot(layers, values, "o-", color=color, label=f"direct erank ({reading})")
+            ax.plot(layers, values, "o-", color=color, label=f"corrected erank ({reading})")
     ax.plot(
         layers, [max(r["kappa_hat"], 0.5) for r in c["rows"]], "s--", color="k", label="kappa_hat"
     )
@@ -97,7 +97,7 @@ def depth_section(doc: Doc, c: dict) -> None:
             "N_causal per width",
             "growth",
             "kappa_hat",
-            "erank loss / logits / fisher",
+            "corrected erank " + " / ".join(DIRECT),
         ],
         [
             [
@@ -112,7 +112,7 @@ def depth_section(doc: Doc, c: dict) -> None:
         ],
     )
     ratio, first, last = c["epsilon_first_over_last"], c["layers"][0], c["layers"][-1]
-    kappas, losses = c["kappa_range"], c["loss_erank_range"]
+    kappas, logits = c["kappa_range"], c["logits_erank_range"]
     text = [
         f"epsilon at layer {first} is x{ratio:.2f} that at layer {last} (paper: a "
         f"{c['paper_epsilon_fall']}x fall "
@@ -124,8 +124,11 @@ def depth_section(doc: Doc, c: dict) -> None:
         f"kappa_hat ranges from {num(min(kappas))} to {num(max(kappas))} over layers "
         f"{', '.join(map(str, c['layers']))}"
     )
-    if losses:
-        text.append(f"the direct loss-gradient erank from {num(min(losses))} to {num(max(losses))}")
+    if logits:
+        text.append(
+            f"the direct kappa (gauge-invariant logits reading) from {num(min(logits))} to "
+            f"{num(max(logits))}"
+        )
     doc.p(
         "; ".join(text) + ". Each layer has its own epsilon (its smallest SAE's percentile), "
         "so N_causal compares across layers only through that calibration; the direct "

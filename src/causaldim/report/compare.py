@@ -13,7 +13,8 @@ from pathlib import Path
 from .. import __version__
 from ..errors import UsageError
 from ..fileio import atomic_write_bytes, read_sealed_json, sha256_file, write_sealed_json
-from ..measures.sigma import DIRECT
+from ..measures.sigma import DEFINITIONS, DIRECT, HEADLINE
+from .direct import flagged
 from .doc import Doc
 from .figures import pyplot, save
 from .fmt import ci, growth, num
@@ -169,6 +170,10 @@ def run_entry(results: dict, path: Path) -> dict:
         "participation_ratio_unbiased",
         "participation_ratio_unbiased_95",
         "n_eff",
+        "n_independent",
+        "converged",
+        "eval_tokens_needed",
+        "common_mode_share",
         "warning",
     )
     prof = results.get("profile")
@@ -181,7 +186,10 @@ def run_entry(results: dict, path: Path) -> dict:
                     "layer": int(i),
                     "relative_depth": depth(int(i)),
                     "readings": {
-                        r: {k: row[r][k] for k in ("erank_corrected", "erank_corrected_95")}
+                        r: {
+                            k: row[r].get(k)
+                            for k in ("erank_corrected", "erank_corrected_95", "converged")
+                        }
                         for r in DIRECT
                         if r in row
                     },
@@ -333,7 +341,8 @@ def plot_kappa(data: dict, path: Path) -> Path:
             fmt=markers.get(reading, "D"),
             color=f"C{j}",
             capsize=3,
-            label=f"direct, {reading} (corrected erank, 95%)",
+            label=("direct kappa (logits, gauge-invariant)" if reading == HEADLINE else reading)
+            + ": corrected erank, 95%",
         )
     xs, ys, lo, hi = [], [], [], []
     for i, run in enumerate(runs):
@@ -356,7 +365,7 @@ def plot_kappa(data: dict, path: Path) -> Path:
     ax.set_xlim(-0.6, len(runs) - 0.4)
     ax.set_ylim(bottom=0)
     missing = sum(not r["kappa_hat"]["estimable"] for r in runs)
-    title = "Direct kappa per run, kappa_hat beside it"
+    title = "Corrected eranks per reading and run, kappa_hat beside it"
     if missing:
         title += f" (not estimable in {missing} of {len(runs)} runs)"
     ax.set_xlabel("run")
@@ -539,7 +548,9 @@ def build_doc(data: dict, figures: dict[str, Path]) -> Doc:
     )
     doc.h(2, "The runs")
     head = ["run", "model", "d", "layer", "depth", "seed", "corpus", "SAE"]
-    head += [f"direct kappa, {r} [95%]" for r in readings]
+    head += [
+        ("direct kappa (logits)" if r == HEADLINE else f"erank {r}") + " [95%]" for r in readings
+    ]
     head += ["kappa_hat [95%]", "N_causal growth [95%]", "N_repr growth", "epsilon"]
     rows = []
     for run in runs:
@@ -555,9 +566,7 @@ def build_doc(data: dict, figures: dict[str, Path]) -> Doc:
         ]
         for r in readings:
             est = run["sigma"].get(r)
-            row.append(
-                with_interval(est["erank_corrected"], est["erank_corrected_95"]) if est else "n/a"
-            )
+            row.append(flagged(est) if est and est.get("erank_corrected") is not None else "n/a")
         w = run["wedge"]
         row += [
             _kappa_hat(run["kappa_hat"]),
@@ -569,8 +578,10 @@ def build_doc(data: dict, figures: dict[str, Path]) -> Doc:
         rows.append(row)
     doc.table(head, rows)
     doc.p(
-        "Direct kappa: the corrected erank of Sigma per reading (95%: resampled sequence "
-        "blocks); kappa_hat: the free saturating fit of the headline sweep's N_causal; "
+        f"Direct kappa: {DEFINITIONS[HEADLINE]}, the gauge-invariant logits reading; beside "
+        "it the corrected erank of each other reading by name (95%: jackknife over sequences, "
+        "simulation and remaining drift; a value that has not converged says so); "
+        "kappa_hat: the free saturating fit of the headline sweep's N_causal; "
         "depth: layer / (n_layers - 1)."
     )
     doc.ul(
@@ -586,7 +597,7 @@ def build_doc(data: dict, figures: dict[str, Path]) -> Doc:
             ["setting", *(r["label"] for r in runs)],
             [[k, *map(_show, v)] for k, v in data["config_differ"].items()],
         )
-    doc.h(2, "Direct kappa")
+    doc.h(2, "Corrected eranks")
     doc.img(figures["kappa"], "compare_kappa")
     doc.h(2, "The wedges")
     doc.img(figures["wedge"], "compare_wedge")

@@ -12,8 +12,9 @@ from ..measures.fit import curve
 from ..measures.sigma import DIRECT
 
 READING_LABELS = {
-    "loss": "loss  (E[g g^T])",
-    "logits": "logits (E[J^T J], Gaussian probes)",
+    "loss": "loss (E[g g^T])",
+    "logits": "logits, direct kappa (E[J^T P J], P removes the logit shift)",
+    "logits_uncentred": "logits uncentred (E[J^T J], the paper's literal)",
     "fisher": "fisher (output Fisher, sampled y)",
     "activations": "activations (covariance of h, reference)",
 }
@@ -261,22 +262,20 @@ def plot_profile(results: dict, path: Path) -> Path:
     for reading in readings:
         rows = [prof["layers"][i][reading] for i in layers]
         corrected = rows[0]["erank_corrected"] is not None
-        key, iv_key = (
-            ("erank_corrected", "erank_corrected_95") if corrected else ("erank", "erank_95")
-        )
+        key = "erank_corrected" if corrected else "erank"
         style = "-o" if corrected else "--"
         (line,) = ax_erank.plot(
             x,
             [r[key] for r in rows],
             style,
             ms=3,
-            label=f"{reading}" + ("" if corrected else " (plug-in, reference)"),
+            label=READING_LABELS.get(reading, reading) + ("" if corrected else " (plug-in)"),
         )
-        if all(r[iv_key] for r in rows):
+        if corrected and all(r["erank_corrected_95"] for r in rows):
             ax_erank.fill_between(
                 x,
-                [r[iv_key][0] for r in rows],
-                [r[iv_key][1] for r in rows],
+                [r["erank_corrected_95"][0] for r in rows],
+                [r["erank_corrected_95"][1] for r in rows],
                 color=line.get_color(),
                 alpha=0.15,
             )

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from .. import __version__, versions
 from ..errors import UsageError
 from ..fileio import read_sealed_json, sha256_file
+from ..measures.sigma import HEADLINE
 from ..paper import PAPER
 
 if TYPE_CHECKING:
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
     from ..harvest import Store
     from ..measures.layer import Measurement
 
-SCHEMA = "causaldim.results/3"
+SCHEMA = "causaldim.results/4"
 
 
 def load_results(path: Path | str) -> dict:
@@ -32,6 +33,24 @@ def load_results(path: Path | str) -> dict:
             f"reads {SCHEMA}: re-run `causaldim run` with the same --out to rebuild it"
         )
     return results
+
+
+def direct_kappa(sigma: dict) -> dict | None:
+    """The headline's direct number: the gauge-invariant logits reading's corrected erank,
+    what it is of, its interval and whether it converged (None without logit probes)."""
+    est = sigma.get(HEADLINE)
+    if est is None:
+        return None
+    return {
+        "reading": HEADLINE,
+        "definition": est["definition"],
+        "value": est["erank_corrected"],
+        "interval_95": est["erank_corrected_95"],
+        "converged": est["converged"],
+        "eval_tokens_needed": est["eval_tokens_needed"],
+        "n_independent": est["n_independent"],
+        "estimator": "spectrum deconvolved with sequences as units (measures/debias.py)",
+    }
 
 
 def build_results(
@@ -109,6 +128,7 @@ def build_results(
             "probes": {"logits": m["key"]["logit_probes"], "fisher": m["key"]["fisher_probes"]},
         },
         "sigma": here.sigma_dicts(),
+        "direct_kappa": direct_kappa(here.sigma_dicts()),
         "ce": None if here.ce is None else {k: v for k, v in here.ce.items() if k != "saes"},
         "saes": training,
         "sweep": here.analysis,

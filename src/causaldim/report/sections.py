@@ -7,34 +7,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..measures.sigma import HEADLINE
 from ..model.sites import aliases
+from .direct import direct_kappa, direct_sigma, flagged, profile_section
 from .doc import Doc
 from .fmt import ci, growth, num, pct, sci
 
 CRITERIA = {"aicc": "AICc", "aic": "AIC (too few widths for AICc)"}
-
-
-def sigma_table(results: dict) -> str:
-    """A plain-text table of the direct estimates: corrected, then plug-in."""
-    d = results["store"]["model"]["d_model"]
-    rows = [
-        f"{'reading':<12} {'erank':>8} {'95% interval':>17} {'/d':>6} {'PR':>7} "
-        f"{'plug-in':>8} {'PR pl.':>7} {'n_eff':>8} {'per dim':>8}"
-    ]
-    for reading, est in results["sigma"].items():
-        corrected = est.get("erank_corrected")
-        iv = est.get("erank_corrected_95")
-        interval = f"[{iv[0]:7.1f}, {iv[1]:7.1f}]" if iv else f"{'[n/a]':>17}"
-        rows.append(
-            f"{reading:<12} {num(corrected):>8} {interval} "
-            f"{'n/a' if corrected is None else f'{corrected / d:.3f}':>6} "
-            f"{num(est.get('participation_ratio_unbiased')):>7} {est['erank']:8.1f} "
-            f"{est['participation_ratio']:7.1f} {est['n_eff']:8,.0f} {est['n_eff'] / d:8.1f}"
-        )
-        if est.get("warning"):
-            rows.append(f"  warning: {est['warning']}")
-    rows.append("erank and PR: corrected for finite samples; plug-in: of the sample Sigma")
-    return "\n".join(rows)
 
 
 def _hardware(config: dict) -> str:
@@ -82,8 +61,8 @@ def attributed_line(att: dict) -> str:
     change = att["change_at_widest"]
     moved = "" if change is None else f", {100 * change:+.1f}% from the second widest"
     return (
-        f"split-robust SAE estimate (erank of E[v v^T], v = g seen through the active features): "
-        f"{num(att['widest'])} {ci(att['widest_95'])} at the widest SAE{moved}"
+        f"split-robust SAE estimate (plug-in erank of E[v v^T], v = g seen through the active "
+        f"features): {num(att['widest'])} {ci(att['widest_95'])} at the widest SAE{moved}"
     )
 
 
@@ -177,34 +156,6 @@ def slope(w: dict, key: str) -> str:
     return text
 
 
-def direct_kappa(sigma: dict, d: int) -> list[str]:
-    """The direct estimate first: kappa = erank(E[J^T J]) from the logits reading (the
-    definition), finite-sample corrected, then the other readings beside it."""
-    readings = [r for r in ("logits", "loss", "fisher") if r in sigma]
-    lines = []
-    for i, reading in enumerate(readings):
-        est = sigma[reading]
-        corrected, pr = est["erank_corrected"], est["participation_ratio_unbiased"]
-        if i == 0:
-            lines.append(
-                f"Direct kappa = erank(E[J^T J]) ({reading} reading, corrected for finite "
-                f"samples): {num(corrected)} {ci(est['erank_corrected_95'])} (95%, resampled "
-                f"sequence blocks), {corrected / d:.2f} d; participation ratio (unbiased) "
-                f"{num(pr)} {ci(est['participation_ratio_unbiased_95'])}; "
-                f"{est['n_eff']:,.0f} effective samples ({est['n_eff'] / d:.1f} per dimension)."
-            )
-        else:
-            lines.append(
-                f"Beside it, {reading}: corrected erank {num(corrected)} "
-                f"{ci(est['erank_corrected_95'])}, unbiased PR {num(pr)} "
-                f"{ci(est['participation_ratio_unbiased_95'])}."
-            )
-    if readings:
-        plug_ins = ", ".join(f"{r} {sigma[r]['erank']:.0f}" for r in readings)
-        lines.append(f"Plug-in eranks (biased low by finite samples): {plug_ins}.")
-    return lines
-
-
 def beside_paper(doc: Doc, results: dict) -> None:
     a = results["sweep"][results["headline"]]
     free = a["kappa"]["free"]
@@ -217,9 +168,9 @@ def beside_paper(doc: Doc, results: dict) -> None:
         "in width). Counts are forced by calibration at the reference width; compare "
         "growth and shapes, not levels."
     )
-    lead = next((r for r in ("logits", "loss", "fisher") if r in sigma), None)
+    lead = HEADLINE if HEADLINE in sigma else None
     pr = sigma[lead]["participation_ratio_unbiased"] if lead else None
-    erank = sigma[lead]["erank_corrected"] if lead else None
+    erank = flagged(sigma[lead]) if lead else "n/a (no logit probes)"
     last = a["per_width"][-1]
     estimable = a["estimable"]
     kappa_hat = f"{free['kappa']:,.0f} {ci(free['interval_95'])}" if estimable else "not estimable"
@@ -274,8 +225,8 @@ def beside_paper(doc: Doc, results: dict) -> None:
                 f"{num(att['widest'])} {ci(att['widest_95'])}" if att else "n/a",
                 "",
             ],
-            [f"direct kappa (erank, {lead or 'n/a'}, corrected)", num(erank), ""],
-            [f"kappa_PR (direct, {lead or 'n/a'}, unbiased)", num(pr), f"{paper['kappa_pr']}"],
+            ["direct kappa (erank, gauge-invariant logits reading, corrected)", erank, ""],
+            ["kappa_PR (direct, the same reading, U-statistics)", num(pr), f"{paper['kappa_pr']}"],
             [
                 "coverage at the widest SAE",
                 pct(free["coverage"]) if estimable else "n/a",
@@ -453,128 +404,6 @@ def diagnostics(doc: Doc, a: dict) -> None:
                 for r in a["splits"]
             ],
         )
-
-
-def direct_sigma(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
-    sigma = results.get("sigma", {})
-    if not sigma:
-        return
-    doc.h(2, "Direct Sigma")
-    doc.p(
-        "Corrected: the erank of the spectrum deconvolved from the sampling spread, and the "
-        "participation ratio from U-statistics over pairs of samples in different sequence "
-        "blocks; plug-in: of the sample Sigma, biased low. Intervals: 95%, over resampled "
-        "blocks of sequences. n_eff = (sum |u|^2)^2 / sum |u|^4."
-    )
-    rows = []
-    for reading, est in sigma.items():
-        iv = (est.get("bootstrap") or {}).get("erank_95")
-        corrected = est.get("erank_corrected")
-        rows.append(
-            [
-                reading,
-                num(corrected),
-                ci(est.get("erank_corrected_95")),
-                "n/a"
-                if corrected is None
-                else f"{corrected / results['store']['model']['d_model']:.3f}",
-                num(est.get("participation_ratio_unbiased")),
-                ci(est.get("participation_ratio_unbiased_95")),
-                f"{est['erank']:.1f} {ci(iv)}",
-                f"{est['participation_ratio']:.1f}",
-                f"{est['n_eff']:,.0f}",
-                f"{est['n_samples']:,}",
-                est.get("warning") or "",
-            ]
-        )
-    doc.table(
-        [
-            "reading",
-            "erank (corrected)",
-            "95% CI",
-            "/d",
-            "PR (unbiased)",
-            "95% CI",
-            "erank (plug-in) [95%]",
-            "PR (plug-in)",
-            "n_eff",
-            "samples",
-            "warning",
-        ],
-        rows,
-    )
-    if "sigma" in figures:
-        doc.img(figures["sigma"], "sigma")
-
-
-def profile_section(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
-    prof = results.get("profile")
-    if not prof:
-        return
-    layers = sorted(prof["layers"], key=int)
-    readings = list(prof["layers"][layers[0]])
-    direct = [r for r in readings if r != "activations"]
-    c = prof["correction"]
-    doc.h(2, "Every layer")
-    doc.p(
-        "Sigma at every block output, from the same eval pass (its backward run on down to "
-        f"block 0): the corrected erank of each reading with its 95% interval over "
-        f"{prof['bootstrap']} resamples of {prof['blocks']} sequence blocks (a lighter "
-        f"correction than the run's layer: {c['draws']} draws, {c['resamples']} resampled "
-        "corrections), the unbiased PR of the logits reading, and the activations' plug-in "
-        f"erank for reference. Layer {prof['run_layer']} is the run's layer, measured in "
-        "full above."
-    )
-    lead = "logits" if "logits" in direct else (direct[0] if direct else None)
-    head = ["layer", *(f"erank {r} [95%]" for r in direct)]
-    head += [f"PR {lead}"] if lead else []
-    head += ["erank activations (plug-in)"] if "activations" in readings else []
-    rows = []
-    for i in layers:
-        row = prof["layers"][i]
-        cells = [i + (" (run)" if int(i) == prof["run_layer"] else "")]
-        cells += [
-            f"{num(row[r]['erank_corrected'])} {ci(row[r]['erank_corrected_95'])}" for r in direct
-        ]
-        cells += [num(row[lead]["participation_ratio_unbiased"])] if lead else []
-        if "activations" in row:
-            a = row["activations"]
-            cells.append(f"{num(a['erank'])} {ci(a['erank_95'])}")
-        rows.append(cells)
-    doc.table(head, rows)
-    cautions = _profile_cautions(prof, results["config"]["analysis"], results["store"]["model"])
-    if cautions:
-        doc.h(3, "Read with care")
-        doc.ul(cautions)
-    if "profile" in figures:
-        doc.img(figures["profile"], "profile")
-
-
-def _profile_cautions(prof: dict, analysis: dict, model: dict) -> list[str]:
-    """One line per reading: the layers with few effective samples per dimension, and
-    those whose corrected erank still moved over the last doubling of samples."""
-    d, lines = model["d_model"], []
-    for reading in prof["layers"][next(iter(prof["layers"]))]:
-        few, moving = [], []
-        for i, row in sorted(prof["layers"].items(), key=lambda kv: int(kv[0])):
-            e = row[reading]
-            if e["n_eff"] / d < analysis["min_samples_per_dim"]:
-                few.append(i)
-            half, full = e["erank_corrected_half"], e["erank_corrected"]
-            if half and abs(full / half - 1) > analysis["converged_change"]:
-                moving.append(i)
-        if few:
-            lines.append(
-                f"{reading}: fewer than {analysis['min_samples_per_dim']:g} effective samples "
-                f"per dimension at layers {', '.join(few)}"
-            )
-        if moving:
-            lines.append(
-                f"{reading}: the corrected erank moved by more than "
-                f"{pct(analysis['converged_change'])} over the last doubling of samples at "
-                f"layers {', '.join(moving)}; harvest more eval tokens"
-            )
-    return lines
 
 
 def subspace_section(doc: Doc, results: dict, figures: dict[str, Path]) -> None:

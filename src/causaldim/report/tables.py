@@ -18,20 +18,27 @@ def _pair(interval) -> tuple[object, object]:
 
 
 def sigma_rows(results: dict) -> list[Row]:
-    """The direct estimates, one row a reading (loss, logits, fisher, activations)."""
+    """The direct estimates, one row a reading (loss, logits, logits_uncentred, fisher,
+    activations); "erank" is the corrected one (the activations' plug-in for that
+    reference line, which has no correction)."""
     d = results["store"]["model"]["d_model"]
     rows = []
     for reading, e in results["sigma"].items():
         lo, hi = _pair(e.get("erank_corrected_95"))
         pr_lo, pr_hi = _pair(e.get("participation_ratio_unbiased_95"))
-        corrected = e.get("erank_corrected")
+        value = e["erank"] if e.get("erank_corrected") is None else e["erank_corrected"]
         rows.append(
             {
                 "reading": reading,
-                "erank": corrected,
+                "definition": e.get("definition"),
+                "erank": value,
                 "erank_low": lo,
                 "erank_high": hi,
-                "erank_over_d": None if corrected is None else corrected / d,
+                "erank_over_d": value / d,
+                "converged": e.get("converged"),
+                "eval_tokens_needed": e.get("eval_tokens_needed"),
+                "n_independent": e.get("n_independent"),
+                "common_mode_share": e.get("common_mode_share"),
                 "participation_ratio": e.get("participation_ratio_unbiased"),
                 "participation_ratio_low": pr_lo,
                 "participation_ratio_high": pr_hi,
@@ -123,14 +130,17 @@ def profile_rows(results: dict) -> list[Row]:
     rows = []
     for layer in sorted(prof["layers"], key=int):
         for reading, e in prof["layers"][layer].items():
-            lo, hi = _pair(e.get("erank_corrected_95") or e.get("erank_95"))
+            lo, hi = _pair(e.get("erank_corrected_95"))
+            corrected = e.get("erank_corrected")
             rows.append(
                 {
                     "layer": int(layer),
                     "reading": reading,
-                    "erank": e.get("erank_corrected", e.get("erank")),
+                    "erank": e["erank"] if corrected is None else corrected,
                     "erank_low": lo,
                     "erank_high": hi,
+                    "converged": e.get("converged"),
+                    "common_mode_share": e.get("common_mode_share"),
                     "participation_ratio": e.get("participation_ratio_unbiased"),
                     "erank_plugin": e.get("erank"),
                     "run_layer": int(layer) == prof["run_layer"],

@@ -1,0 +1,231 @@
+"""The direct estimates in words and tables: the headline's direct kappa, the plain-text
+table the CLI prints, the report's "Direct Sigma" and "Every layer" sections. Every
+number comes from results.json's "sigma" and "profile"."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..measures.sigma import DEFINITIONS, HEADLINE
+from .doc import Doc
+from .fmt import ci, num, pct
+
+PULL_BACK = (
+    "J is the full pull-back to the residual at each position: the Jacobian of every later "
+    "position's logits, through attention, the gradient attribution patching uses"
+)
+
+
+def flagged(est: dict) -> str:
+    """A corrected erank with its interval, marked where it has not converged."""
+    text = f"{num(est.get('erank_corrected'))} {ci(est.get('erank_corrected_95'))}".strip()
+    if est.get("converged") is False:
+        text += (
+            f" (not converged; about {est['eval_tokens_needed']:,} eval tokens would do)"
+            if est.get("eval_tokens_needed")
+            else " (not converged)"
+        )
+    return text
+
+
+def _independent(est: dict, d: int) -> str:
+    return (
+        f"{est['n_independent']:,.0f} independent equivalents "
+        f"({est['n_independent'] / d:.1f} per dimension; n_eff {est['n_eff']:,.0f})"
+    )
+
+
+def direct_kappa(sigma: dict, d: int) -> list[str]:
+    """The headline's direct lines: the direct kappa (the gauge-invariant logits
+    reading), the paper's literal uncentred reading with its share along the shift of
+    all logits, and the other readings by name."""
+    lines = []
+    if HEADLINE in sigma:
+        est = sigma[HEADLINE]
+        state = "converged" if est["converged"] else "NOT converged"
+        lines.append(
+            f"Direct kappa = {DEFINITIONS[HEADLINE]} (the logits reading, each probe centred "
+            f"over the vocabulary; J pulled back through every later position, as AtP's "
+            f"gradient is): {flagged(est)}, {est['erank_corrected'] / d:.2f} d, corrected "
+            f"for finite samples (95%: sequences, simulation and remaining drift); {state}, "
+            f"{_independent(est, d)}; participation ratio "
+            f"{num(est['participation_ratio_unbiased'])} "
+            f"{ci(est['participation_ratio_unbiased_95'])}."
+        )
+    else:
+        lines.append("Direct kappa: not measured (the run had no logit probes).")
+    if "logits_uncentred" in sigma:
+        est = sigma["logits_uncentred"]
+        lines.append(
+            f"The paper's literal {DEFINITIONS['logits_uncentred']} (uncentred probes): "
+            f"{flagged(est)}; {pct(est.get('common_mode_share'))} of its trace lies along "
+            "the shift of all logits, a direction the output distribution cannot see."
+        )
+    for reading in ("loss", "fisher"):
+        if reading in sigma:
+            est = sigma[reading]
+            lines.append(
+                f"Beside it, the {reading} reading, {DEFINITIONS[reading]}: {flagged(est)}, "
+                f"participation ratio {num(est['participation_ratio_unbiased'])}."
+            )
+    direct = [r for r in DEFINITIONS if r in sigma and r != "activations"]
+    if direct:
+        plug_ins = ", ".join(f"{r} {sigma[r]['erank']:.0f}" for r in direct)
+        lines.append(f"Plug-in eranks (biased low by finite samples): {plug_ins}.")
+    return lines
+
+
+def sigma_table(results: dict) -> str:
+    """A plain-text table of the direct estimates: corrected, then plug-in."""
+    d = results["store"]["model"]["d_model"]
+    rows = [
+        f"{'reading':<17} {'erank':>8} {'95% interval':>17} {'/d':>6} {'PR':>7} "
+        f"{'plug-in':>8} {'indep./d':>8} {'converged':>9}"
+    ]
+    for reading, est in results["sigma"].items():
+        corrected = est.get("erank_corrected")
+        iv = est.get("erank_corrected_95")
+        interval = f"[{iv[0]:7.1f}, {iv[1]:7.1f}]" if iv else f"{'n/a':>17}"
+        independent = est.get("n_independent")
+        converged = {True: "yes", False: "NO", None: "n/a"}[est.get("converged")]
+        rows.append(
+            f"{reading:<17} {num(corrected):>8} {interval} "
+            f"{'n/a' if corrected is None else f'{corrected / d:.3f}':>6} "
+            f"{num(est.get('participation_ratio_unbiased')):>7} {est['erank']:8.1f} "
+            f"{'n/a' if independent is None else f'{independent / d:.1f}':>8} {converged:>9}"
+        )
+        if est.get("warning"):
+            rows.append(f"  warning: {est['warning']}")
+    rows.append(
+        f"direct kappa: the logits reading, {DEFINITIONS[HEADLINE]}; erank and PR corrected "
+        "for finite samples; plug-in: of the sample Sigma"
+    )
+    return "\n".join(rows)
+
+
+def direct_sigma(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
+    sigma = results.get("sigma", {})
+    if not sigma:
+        return
+    d = results["store"]["model"]["d_model"]
+    doc.h(2, "Direct Sigma")
+    doc.p(
+        f"Each reading is Sigma = E[u u^T] of one rank-1 sample u per token (and probe); "
+        f"{PULL_BACK}. The direct kappa is the logits reading's erank, its probes centred "
+        "over the vocabulary; the uncentred reading is the paper's literal E[J^T J]. "
+        "Corrected: the erank of the spectrum deconvolved from the sampling spread, the "
+        "sampling (each sample's weight, and the correlation of samples along a sequence) "
+        "measured from the samples; converged where at least 4 independent equivalents per "
+        "dimension back it. Interval: 95%, a jackknife over groups of sequences, the "
+        "simulation's spread and the change from half of the sequences to all. PR: from "
+        "U-statistics over pairs of samples in different sequence blocks. Plug-in: of the "
+        "sample Sigma, biased low, shown without an interval."
+    )
+    rows = []
+    for reading, est in sigma.items():
+        corrected = est.get("erank_corrected")
+        independent = est.get("n_independent")
+        rows.append(
+            [
+                reading,
+                DEFINITIONS.get(reading, ""),
+                flagged(est) if corrected is not None else "n/a",
+                "n/a" if corrected is None else f"{corrected / d:.3f}",
+                num(est.get("participation_ratio_unbiased")),
+                ci(est.get("participation_ratio_unbiased_95")),
+                f"{est['erank']:.1f}",
+                "n/a" if independent is None else f"{independent:,.0f}",
+                f"{est['n_samples']:,}",
+                est.get("warning") or "",
+            ]
+        )
+    doc.table(
+        [
+            "reading",
+            "erank of",
+            "erank (corrected) [95%]",
+            "/d",
+            "PR (U-stat.)",
+            "95% CI",
+            "erank (plug-in)",
+            "independent",
+            "samples",
+            "warning",
+        ],
+        rows,
+    )
+    if "logits_uncentred" in sigma:
+        share = sigma["logits_uncentred"].get("common_mode_share")
+        doc.p(
+            f"{pct(share)} of the uncentred reading's trace lies along the shift of all "
+            "logits (the all-ones direction of logit space, which the softmax ignores): the "
+            "part that separates it from the direct kappa."
+        )
+    if "sigma" in figures:
+        doc.img(figures["sigma"], "sigma")
+
+
+def profile_section(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
+    prof = results.get("profile")
+    if not prof:
+        return
+    layers = sorted(prof["layers"], key=int)
+    readings = list(prof["layers"][layers[0]])
+    direct = [r for r in readings if r != "activations"]
+    c = prof["correction"]
+    doc.h(2, "Every layer")
+    doc.p(
+        "Sigma at every block output, from the same eval pass (its backward run on down to "
+        f"block 0): the corrected erank of each reading with its 95% interval ("
+        f"{prof['blocks']} sequence blocks, a lighter correction than the run's layer: "
+        f"{c['draws']} draws, {c['groups']} jackknife groups), the share of the uncentred "
+        "reading's trace along the shift of all logits, and the activations' plug-in erank "
+        f"for reference. Layer {prof['run_layer']} is the run's layer, measured in full above."
+    )
+    head = ["layer", *(f"erank {r} [95%]" for r in direct)]
+    shares = "logits_uncentred" in direct
+    head += ["shift share (uncentred)"] if shares else []
+    head += ["erank activations (plug-in)"] if "activations" in readings else []
+    rows = []
+    for i in layers:
+        row = prof["layers"][i]
+        cells = [i + (" (run)" if int(i) == prof["run_layer"] else "")]
+        cells += [flagged(row[r]) for r in direct]
+        cells += [pct(row["logits_uncentred"].get("common_mode_share"))] if shares else []
+        if "activations" in row:
+            cells.append(num(row["activations"]["erank"]))
+        rows.append(cells)
+    doc.table(head, rows)
+    cautions = _profile_cautions(prof, results["config"]["analysis"])
+    if cautions:
+        doc.h(3, "Read with care")
+        doc.ul(cautions)
+    if "profile" in figures:
+        doc.img(figures["profile"], "profile")
+
+
+def _profile_cautions(prof: dict, analysis: dict) -> list[str]:
+    """One line per reading: the layers where it has not converged, and those whose
+    corrected erank moved from half of the sequences to all."""
+    lines = []
+    for reading in prof["layers"][next(iter(prof["layers"]))]:
+        unconverged, moving = [], []
+        for i, row in sorted(prof["layers"].items(), key=lambda kv: int(kv[0])):
+            e = row[reading]
+            if e.get("converged") is False:
+                unconverged.append(i)
+            half, full = e.get("erank_corrected_half"), e.get("erank_corrected")
+            if half and full and abs(full / half - 1) > analysis["converged_change"]:
+                moving.append(i)
+        if unconverged:
+            lines.append(
+                f"{reading}: not converged (fewer than 4 independent equivalents per "
+                f"dimension) at layers {', '.join(unconverged)}; harvest more eval tokens"
+            )
+        if moving:
+            lines.append(
+                f"{reading}: the corrected erank moved by more than "
+                f"{pct(analysis['converged_change'])} from half of the sequences to all at "
+                f"layers {', '.join(moving)} (a bias signal; the intervals include it)"
+            )
+    return lines
