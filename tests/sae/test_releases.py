@@ -161,6 +161,7 @@ def test_an_sae_whose_metadata_names_nothing_passes_as_site_unknown(
     tmp_path, harvest_config, no_model_work
 ):
     sae = build(SAEConfig("relu", D, 48))
+    sae.reset(torch.Generator().manual_seed(0))  # built weights are uninitialised memory
     export_saelens(sae, tmp_path / "unnamed")
     plans = pipeline.check(harvest_config(), SweepConfig(sae_paths=[str(tmp_path / "unnamed")]))
     assert plans.imports[0]["site"] == "unknown" and plans.imports[0]["block"] is None
@@ -170,6 +171,7 @@ def test_an_export_of_the_layer_passes_and_of_another_is_refused(
     tmp_path, harvest_config, no_model_work
 ):
     sae = build(SAEConfig("relu", D, 48))
+    sae.reset(torch.Generator().manual_seed(0))  # built weights are uninitialised memory
     export_saelens(sae, tmp_path / "here", layer=2)
     export_saelens(sae, tmp_path / "there", layer=3)
     plans = pipeline.check(harvest_config(), SweepConfig(sae_paths=[str(tmp_path / "here")]))
