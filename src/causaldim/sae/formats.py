@@ -197,10 +197,13 @@ def peek_d_in(path: Path) -> int:
 
 
 def check_weights(path: Path) -> None:
-    """Every weight of an SAE file finite, read one tensor at a time; a UsageError naming
-    the tensor otherwise (before any model work, not when the sweep reaches it)."""
-    own = _layout(path) == "causaldim"
-    files.check_finite(Path(path) / WEIGHTS if own else inspect(path).weights)
+    """Every weight of an SAE file finite (and, where SAELens divides by decoder norms, none
+    zero), read one tensor at a time; a UsageError naming the tensor otherwise (before any
+    model work, not when the sweep reaches it)."""
+    if _layout(path) == "causaldim":
+        files.check_finite(Path(path) / WEIGHTS)
+    else:
+        imports.check_weights(inspect(path))
 
 
 def peek_source(path: Path) -> dict:

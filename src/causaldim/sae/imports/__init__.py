@@ -72,6 +72,25 @@ def check_k(path: Path, k, width: int, field: str = "k") -> int:
     return k
 
 
+def _decoder_norms(reading: Reading, w_dec: torch.Tensor) -> torch.Tensor:
+    norms = w_dec.norm(dim=1)
+    if not (norms > 0).all():
+        raise UsageError(
+            f"{reading.weights}: rescale_acts_by_decoder_norm with a zero decoder row "
+            "divides by zero; SAELens' own decode of it is NaN"
+        )
+    return norms
+
+
+def check_weights(reading: Reading) -> None:
+    """What only the weights can refuse (a NaN or infinite value, a zero decoder row to
+    divide by), read one tensor at a time: the check before any model work."""
+    files.check_finite(reading.weights)
+    if reading.rescale_by_decoder_norm:
+        w_dec = files.load(reading.weights, [reading.names["W_dec"]])
+        _decoder_norms(reading, w_dec[reading.names["W_dec"]].double())
+
+
 def weights(reading: Reading) -> dict[str, torch.Tensor]:
     """The file's tensors as our SAE holds them: W_enc [d, m], b_enc, W_dec [m, d], b_dec
     (and threshold), in float32, encoding and decoding as the file's library does."""
@@ -83,12 +102,7 @@ def weights(reading: Reading) -> dict[str, torch.Tensor]:
         t["W_enc"] = t["W_enc"].T.contiguous()
     if reading.rescale_by_decoder_norm:
         # pre n then TopK, decode (f / n) W_dec: the same as W_enc n, b_enc n, W_dec / n.
-        norms = t["W_dec"].norm(dim=1)
-        if not (norms > 0).all():
-            raise UsageError(
-                f"{reading.weights}: rescale_acts_by_decoder_norm with a zero decoder row "
-                "divides by zero; SAELens' own decode of it is NaN"
-            )
+        norms = _decoder_norms(reading, t["W_dec"])
         t["W_enc"], t["b_enc"] = t["W_enc"] * norms, t["b_enc"] * norms
         t["W_dec"] = t["W_dec"] / norms[:, None]
     if not reading.b_dec_in_input:
