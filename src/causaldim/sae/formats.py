@@ -170,12 +170,11 @@ def _layout(path: Path) -> str:
 def inspect(path: Path) -> Reading:
     """How a SAELens, sparsify or Gemma Scope file reads as our SAE, from its metadata
     alone; a one-line UsageError for every variant or damage causaldim cannot read."""
+    readers = {"gemma-scope": gemma_scope, "saelens": saelens, "sparsify": sparsify}
     layout = _layout(path)
-    if layout == "causaldim":
+    if layout not in readers:
         raise UsageError(f"{path} is a causaldim SAE folder, not another tool's")
-    return {"gemma-scope": gemma_scope, "saelens": saelens, "sparsify": sparsify}[layout].inspect(
-        Path(path)
-    )
+    return readers[layout].inspect(Path(path))
 
 
 def load_any(path: Path) -> SAE:
