@@ -358,7 +358,7 @@ def test_sae_seeds_carry_the_trainings_variance_into_the_report(finished_run, tm
 
 
 def test_export_writes_saelens_folders_at_the_trained_hook(finished_run, tmp_path, capsys):
-    from causaldim.sae.formats import import_saelens, load
+    from causaldim.sae.formats import load, load_any
 
     out, _ = finished_run
     layer = json.loads((out / "results.json").read_text())["store"]["layer"]
@@ -367,7 +367,7 @@ def test_export_writes_saelens_folders_at_the_trained_hook(finished_run, tmp_pat
     cfg = json.loads((tmp_path / "one" / "cfg.json").read_text())
     assert cfg["metadata"]["hook_name"] == f"blocks.{layer}.hook_resid_post"
     x = torch.randn(50, 32)
-    assert torch.equal(import_saelens(tmp_path / "one").encode(x), load(one).encode(x))
+    assert torch.equal(load_any(tmp_path / "one").encode(x), load(one).encode(x))
     # The whole sweep at once: one folder per SAE, named as in the run.
     assert cli.main(["export", str(out), str(tmp_path / "all")]) == 0
     names = sorted(p.name for p in (out / "saes").iterdir() if (p / "cfg.json").is_file())

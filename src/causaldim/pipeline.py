@@ -39,7 +39,7 @@ from .model.sites import NotABlockOutput, equivalents
 from .report.render import render
 from .report.results import build_results
 from .sae import releases
-from .sae.formats import describe_source, peek_d_in
+from .sae.formats import check_weights, describe_source, peek_d_in
 
 
 class Plans(NamedTuple):
@@ -152,9 +152,10 @@ def check(
 
 
 def _check_import(source: dict, the_plan: Plan, model: str) -> dict:
-    """An imported SAE refused, in one line, where it reads another d than the model's or
-    its metadata names another site than the run's layer; else its source, with the
-    format and the site it names ("unknown" where it names none)."""
+    """An imported SAE refused, in one line, where its file is damaged or a variant
+    causaldim does not read, it reads another d than the model's, its metadata names
+    another site than the run's layer, or a weight is not finite; else its source, with
+    the format and the site it names ("unknown" where it names none)."""
     path, layer = Path(source["path"]), the_plan.layer
     label = (
         f"--sae-release {source['release']} --sae-ids {source['id']}"
@@ -179,6 +180,7 @@ def _check_import(source: dict, the_plan: Plan, model: str) -> dict:
             f"{label}: its metadata names {own['site']} (the output of block {own['block']}); "
             f"{here}; pass SAEs of layer {layer}, or --layer {own['block']}"
         )
+    check_weights(path)  # NaN or infinite weights: refused now, not when the sweep reads them
     return {**source, "path": str(path), **own}
 
 

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import gemma_scope_npz
 from safetensors.torch import save_file
 
 from causaldim.errors import UsageError
@@ -14,8 +15,6 @@ from causaldim.sae import SAEConfig, build
 from causaldim.sae.formats import (
     describe_source,
     export_saelens,
-    import_gemma_scope,
-    import_saelens,
     load,
     load_any,
     peek_source,
@@ -45,7 +44,7 @@ def test_ours_to_saelens_to_ours_gives_identical_encodings(tmp_path, arch):
     export_saelens(ours, tmp_path / "saelens", hook_name="model.layers.1")
     cfg = json.loads((tmp_path / "saelens" / "cfg.json").read_text())
     assert cfg["d_sae"] == M and cfg["architecture"] in ("topk", "jumprelu", "standard")
-    back = import_saelens(tmp_path / "saelens")
+    back = load_any(tmp_path / "saelens")
     for other in (ours, back, load_any(tmp_path / "saelens"), load_any(tmp_path / "ours")):
         assert torch.equal(other.encode(x), sae.encode(x))
         assert torch.equal(other.decode(other.encode(x)), sae.decode(sae.encode(x)))
@@ -62,7 +61,7 @@ def test_gemma_scope_params_encode_as_jumprelu_defines(tmp_path):
         "threshold": gen.uniform(0.1, 1.0, size=M).astype(np.float32),
     }
     np.savez(tmp_path / "params.npz", **p)
-    sae = import_gemma_scope(tmp_path / "params.npz")
+    sae = load_any(tmp_path / "params.npz")
     x = gen.normal(size=(100, D)).astype(np.float32)
     pre = x @ p["W_enc"] + p["b_enc"]  # Gemma Scope's own definition
     expected = (pre > p["threshold"]) * np.maximum(pre, 0)
@@ -71,12 +70,6 @@ def test_gemma_scope_params_encode_as_jumprelu_defines(tmp_path):
     assert np.allclose(got, expected, atol=1e-4)
     recon = expected @ p["W_dec"] + p["b_dec"]
     assert np.allclose(sae.decode(torch.from_numpy(expected)).numpy(), recon, atol=1e-4)
-
-
-def test_pickled_npz_is_refused(tmp_path):
-    np.savez(tmp_path / "params.npz", W_enc=np.array([{"a": 1}], dtype=object))
-    with pytest.raises(ValueError, match="allow_pickle"):
-        import_gemma_scope(tmp_path / "params.npz")
 
 
 def test_sparsify_folder_loads_as_topk(tmp_path):
@@ -124,18 +117,23 @@ def test_each_format_says_what_site_it_reads_from_metadata_alone(tmp_path):
         "format": "causaldim",
         "site": "blocks.2.hook_resid_post",
     }
-    npz = tmp_path / "layer_5" / "width_16k" / "average_l0_9" / "params.npz"
-    npz.parent.mkdir(parents=True)
-    np.savez(npz, W_dec=np.zeros((M, D), np.float32))
+    npz = gemma_scope_npz(tmp_path / "layer_5" / "width_16k" / "average_l0_9" / "params.npz", D, M)
     assert describe_source(npz)["block"] == 5
     sparsify = tmp_path / "layers.4"
     sparsify.mkdir()
-    save_file({"W_dec": torch.zeros(M, D)}, sparsify / "sae.safetensors")
-    (sparsify / "cfg.json").write_text(json.dumps({"d_in": D, "k": 4}))
+    save_file(
+        {
+            "encoder.weight": torch.zeros(M, D),
+            "encoder.bias": torch.zeros(M),
+            "W_dec": torch.zeros(M, D),
+            "b_dec": torch.zeros(D),
+        },
+        sparsify / "sae.safetensors",
+    )
+    (sparsify / "cfg.json").write_text(json.dumps({"d_in": D, "num_latents": M, "k": 4}))
     assert describe_source(sparsify)["block"] == 4
     # A hub id counts as metadata where the files name nothing.
-    plain = tmp_path / "plain.npz"
-    np.savez(plain, W_dec=np.zeros((M, D), np.float32))
+    plain = gemma_scope_npz(tmp_path / "plain.npz", D, M)
     assert describe_source(plain)["site"] == "unknown"
     assert describe_source(plain, "layer_7/width_16k/average_l0_9")["block"] == 7
 
@@ -152,7 +150,7 @@ def test_a_pre_6_saelens_config_reads_as_saelens_reads_it(tmp_path, arch):
         cfg.update(activation_fn_str="topk", activation_fn_kwargs={"k": 4})
     (tmp_path / "old" / "cfg.json").write_text(json.dumps(cfg))
     x = torch.randn(50, D)
-    assert torch.equal(import_saelens(tmp_path / "old").encode(x), sae.encode(x))
+    assert torch.equal(load_any(tmp_path / "old").encode(x), sae.encode(x))
     assert describe_source(tmp_path / "old")["block"] == 5
 
 

@@ -161,6 +161,7 @@ def test_an_sae_whose_metadata_names_nothing_passes_as_site_unknown(
     tmp_path, harvest_config, no_model_work
 ):
     sae = build(SAEConfig("relu", D, 48))
+    sae.reset(torch.Generator().manual_seed(0))  # built weights are uninitialised memory
     export_saelens(sae, tmp_path / "unnamed")
     plans = pipeline.check(harvest_config(), SweepConfig(sae_paths=[str(tmp_path / "unnamed")]))
     assert plans.imports[0]["site"] == "unknown" and plans.imports[0]["block"] is None
@@ -170,6 +171,7 @@ def test_an_export_of_the_layer_passes_and_of_another_is_refused(
     tmp_path, harvest_config, no_model_work
 ):
     sae = build(SAEConfig("relu", D, 48))
+    sae.reset(torch.Generator().manual_seed(0))  # built weights are uninitialised memory
     export_saelens(sae, tmp_path / "here", layer=2)
     export_saelens(sae, tmp_path / "there", layer=3)
     plans = pipeline.check(harvest_config(), SweepConfig(sae_paths=[str(tmp_path / "here")]))
@@ -411,3 +413,29 @@ def test_releases_beyond_the_table_come_from_saelens_where_it_is_installed(fake_
         releases.resolve("lens-converted", ["x"])
     with pytest.raises(UsageError, match="unknown release"):
         releases.resolve("in-neither", ["x"])
+
+
+def test_a_release_goes_through_the_same_reader_as_sae_paths(
+    fake_hub, harvest_config, no_model_work
+):
+    from test_imports import draw, inputs, saelens_folder, saelens_forward, sparsify_folder
+
+    from causaldim.sae.formats import load_any
+
+    # A SAELens TopK trainer checkpoint (norms not folded) reads as SAELens runs it ...
+    folder = saelens_folder(
+        fake_hub.snapshot / "blocks.2.hook_resid_post", "topk", rescale_acts_by_decoder_norm=True
+    )
+    plans = pipeline.check(
+        harvest_config(), SweepConfig(sae_release=REPO, sae_ids=["blocks.2.hook_resid_post"])
+    )
+    cfg = json.loads((folder / "cfg.json").read_text())
+    f, x_hat = saelens_forward(draw(), cfg, inputs())
+    sae = load_any(plans.imports[0]["path"])
+    assert torch.equal(sae.encode(inputs()) != 0, f != 0)
+    assert (sae.decode(sae.encode(inputs())) - x_hat).abs().max() < 1e-5
+    # ... and a sparsify transcoder is refused by the check, in one line.
+    sparsify_folder(fake_hub.snapshot / "layers.2.transcoder", transcode=True)
+    sweep = SweepConfig(sae_release=REPO, sae_ids=["layers.2.transcoder"])
+    with pytest.raises(UsageError, match="sparsify transcode: true is a transcoder"):
+        pipeline.check(harvest_config(), sweep)

@@ -1,6 +1,6 @@
-"""SAE files: our own folder (safetensors + JSON), SAELens folders both ways, Gemma Scope
-`params.npz` and sparsify folders in. Nothing is unpickled: safetensors, JSON, and npz
-with allow_pickle=False only.
+"""SAE files: our own folder (safetensors + JSON) in and out, SAELens folders out, and
+every format causaldim reads told apart (the other tools' readers are sae/imports/).
+Nothing is unpickled: safetensors, JSON, and npz with allow_pickle=False only.
 
 Our folder: `sae.safetensors` (W_enc [d, m], b_enc [m], W_dec [m, d], b_dec [d], and
 `threshold` [m] for JumpReLU) and `cfg.json` ({"format": ..., "sae": SAEConfig, ...}).
@@ -14,7 +14,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 from safetensors.torch import save as save_bytes
@@ -22,7 +21,8 @@ from safetensors.torch import save as save_bytes
 from ..errors import IntegrityError, UsageError
 from ..fileio import atomic_write_bytes, read_sealed_json, sha256_file, write_sealed_json
 from ..model.sites import equivalents, site_of
-from . import SAE, SAEConfig, build
+from . import SAE, SAEConfig, build, imports
+from .imports import Reading, files, gemma_scope, saelens, sparsify
 
 FORMAT = "causaldim-sae/1"
 WEIGHTS, CONFIG = "sae.safetensors", "cfg.json"
@@ -148,151 +148,72 @@ def export_saelens(
     )
 
 
-def _saelens_cfg(folder: Path) -> tuple[str, dict]:
-    """A SAELens cfg.json as SAELens reads it (keys before 6.0 too: TopK as activation_fn
-    'topk', normalize_activations False), and our architecture for it; a UsageError for
-    what causaldim does not read."""
-    cfg = json.loads((folder / "cfg.json").read_text())
-    if cfg.get("activation_fn_str", cfg.get("activation_fn")) == "topk" and "k" not in cfg:
-        k = (cfg.get("activation_fn_kwargs") or {}).get("k")
-        cfg = {**cfg, "architecture": "topk", "k": k}
-    arch = {v: k for k, v in _SAELENS_ARCH.items()}.get(cfg.get("architecture", "standard"))
-    if arch is None:
-        raise UsageError(
-            f"{folder}: SAELens architecture {cfg['architecture']!r} is not supported "
-            f"(supported: {', '.join(_SAELENS_ARCH.values())})"
-        )
-    if cfg.get("normalize_activations", "none") not in ("none", None, False):  # False: pre-6.0
-        raise UsageError(
-            f"{folder}: normalize_activations={cfg['normalize_activations']!r} is not "
-            "supported; export the SAE with normalisation folded into its weights"
-        )
-    return arch, cfg
+# ------------------------------------------------------------------- files of other tools
 
 
-def import_saelens(folder: Path) -> SAE:
-    folder = Path(folder)
-    arch, cfg = _saelens_cfg(folder)
-    t = load_file(folder / "sae_weights.safetensors")
-    if not cfg.get("apply_b_dec_to_input", True):
-        t["b_enc"] = t["b_enc"] + t["b_dec"] @ t["W_enc"]  # x W + b == (x - b_dec) W + b'
-    width = int(cfg.get("d_sae", t["W_enc"].shape[1]))
-    return _from_tensors(SAEConfig(arch, int(cfg["d_in"]), width, k=cfg.get("k")), t)
+def _layout(path: Path) -> str:
+    """Which format a path holds, from its file names (and our cfg.json's format key)."""
+    path = Path(path)
+    if path.suffix == ".npz":
+        return "gemma-scope"
+    if (path / WEIGHTS).is_file() and (path / CONFIG).is_file():
+        own = files.read_json(path / CONFIG).get("format") == FORMAT
+        return "causaldim" if own else "sparsify"
+    if (path / saelens.WEIGHTS).is_file():
+        return "saelens"
+    raise UsageError(
+        f"{path} is no SAE this tool reads: expected a causaldim, SAELens or sparsify "
+        "folder, or a Gemma Scope params.npz"
+    )
 
 
-# ----------------------------------------------------------------------------- Gemma Scope
-
-
-def import_gemma_scope(path: Path) -> SAE:
-    """A Gemma Scope `params.npz` (W_enc, W_dec, b_enc, b_dec, threshold): JumpReLU with
-    pre = x W_enc + b_enc (no b_dec subtracted), f = pre * [pre > threshold]."""
-    with np.load(path, allow_pickle=False) as z:
-        t = {k: torch.from_numpy(np.asarray(z[k], dtype=np.float32)) for k in z.files}
-    missing = {"W_enc", "W_dec", "b_enc", "b_dec", "threshold"} - set(t)
-    if missing:
-        raise UsageError(f"{path} is not a Gemma Scope params.npz (missing {sorted(missing)})")
-    t["b_enc"] = t["b_enc"] + t["b_dec"] @ t["W_enc"]
-    d, m = t["W_enc"].shape
-    return _from_tensors(SAEConfig("jumprelu", d, m), t)
-
-
-# -------------------------------------------------------------------------------- sparsify
-
-
-def import_sparsify(folder: Path) -> SAE:
-    """A sparsify folder (cfg.json + sae.safetensors with encoder.weight [m, d],
-    encoder.bias, W_dec, b_dec): TopK on (x - b_dec) encoder^T + bias."""
-    folder = Path(folder)
-    cfg = json.loads((folder / "cfg.json").read_text())
-    raw = load_file(folder / "sae.safetensors")
-    t = {
-        "W_enc": raw["encoder.weight"].T.contiguous(),
-        "b_enc": raw["encoder.bias"],
-        "W_dec": raw["W_dec"],
-        "b_dec": raw["b_dec"],
-    }
-    d, m = t["W_enc"].shape
-    return _from_tensors(SAEConfig("topk", int(cfg.get("d_in", d)), m, k=int(cfg["k"])), t)
+def inspect(path: Path) -> Reading:
+    """How a SAELens, sparsify or Gemma Scope file reads as our SAE, from its metadata
+    alone; a one-line UsageError for every variant or damage causaldim cannot read."""
+    readers = {"gemma-scope": gemma_scope, "saelens": saelens, "sparsify": sparsify}
+    layout = _layout(path)
+    if layout not in readers:
+        raise UsageError(f"{path} is a causaldim SAE folder, not another tool's")
+    return readers[layout].inspect(Path(path))
 
 
 def load_any(path: Path) -> SAE:
-    """Our folder, a SAELens or sparsify folder, or a Gemma Scope params.npz."""
-    path = Path(path)
-    if path.suffix == ".npz":
-        return import_gemma_scope(path)
-    if (path / WEIGHTS).is_file() and (path / CONFIG).is_file():
-        meta = json.loads((path / CONFIG).read_text())
-        return load(path) if meta.get("format") == FORMAT else import_sparsify(path)
-    if (path / "sae_weights.safetensors").is_file():
-        return import_saelens(path)
-    raise UsageError(
-        f"{path} is no SAE this tool reads: expected a causaldim, SAELens or sparsify "
-        "folder, or a Gemma Scope params.npz"
-    )
+    """Our folder, a SAELens or sparsify folder, or a Gemma Scope params.npz, encoding and
+    decoding as the library that wrote it does."""
+    if _layout(path) == "causaldim":
+        return load(path)
+    reading = inspect(path)
+    return _from_tensors(reading.cfg, imports.weights(reading))
 
 
 def peek_d_in(path: Path) -> int:
-    """The residual width an SAE file reads, from headers only (no weights loaded): for
-    checking --sae-paths against the model before any work."""
-    import zipfile
-
-    from safetensors import safe_open
-
-    path = Path(path)
-    if path.suffix == ".npz":
-        with zipfile.ZipFile(path) as z, z.open("W_dec.npy") as f:
-            major, _ = np.lib.format.read_magic(f)
-            read = (
-                np.lib.format.read_array_header_1_0
-                if major == 1
-                else np.lib.format.read_array_header_2_0
-            )
-            shape = read(f)[0]
-        return int(shape[1])
-    for name, key in ((WEIGHTS, "W_dec"), ("sae_weights.safetensors", "W_dec")):
-        if (path / name).is_file():
-            with safe_open(path / name, framework="pt") as f:
-                return int(f.get_slice(key).get_shape()[1])
-    raise UsageError(
-        f"{path} is no SAE this tool reads: expected a causaldim, SAELens or sparsify "
-        "folder, or a Gemma Scope params.npz"
-    )
+    """The residual width an SAE file reads, from its metadata only (no weights loaded),
+    once everything its metadata can refuse is refused: for checking --sae-paths against
+    the model before any work."""
+    if _layout(path) == "causaldim":
+        return files.safetensors_header(Path(path) / WEIGHTS)["W_dec"][1][1]
+    return inspect(path).cfg.d_in
 
 
-def hook_name_of(cfg: dict) -> str | None:
-    """The hook a SAELens cfg.json names: `hook_name`, `metadata.hook_name` (SAELens 6) or
-    `hook_point` (before 6.0); None if none."""
-    meta = cfg.get("metadata") if isinstance(cfg.get("metadata"), dict) else {}
-    for name in (cfg.get("hook_name"), meta.get("hook_name"), cfg.get("hook_point")):
-        if isinstance(name, str) and name.strip():
-            return name.strip()
-    return None
+def check_weights(path: Path) -> None:
+    """Every weight of an SAE file finite (and, where SAELens divides by decoder norms, none
+    zero), read one tensor at a time; a UsageError naming the tensor otherwise (before any
+    model work, not when the sweep reaches it)."""
+    if _layout(path) == "causaldim":
+        files.check_finite(Path(path) / WEIGHTS)
+    else:
+        imports.check_weights(inspect(path))
 
 
 def peek_source(path: Path) -> dict:
     """What an SAE file says of itself, from its metadata only (no weights read): its
     format, and the site it names (`site`: a hook name, a Gemma Scope `layer_N` component
     of its path, a sparsify folder name `layers.N`; None if it names none). Read
-    with causaldim.model.sites.site_of."""
-    import re
-
-    path = Path(path)
-    if path.suffix == ".npz":
-        parts = [p for p in path.parent.parts if re.fullmatch(r"layer_\d+|embedding", p)]
-        return {"format": "gemma-scope", "site": parts[-1] if parts else None}
-    if (path / CONFIG).is_file() and (path / WEIGHTS).is_file():
-        meta = json.loads((path / CONFIG).read_text())
-        if meta.get("format") == FORMAT:
-            return {"format": "causaldim", "site": meta.get("hook_name")}
-        named = re.fullmatch(r"layers\.\d+(\..+)?|embed_tokens", path.name)
-        return {"format": "sparsify", "site": path.name if named else None}
-    if (path / "sae_weights.safetensors").is_file() and (path / "cfg.json").is_file():
-        _, cfg = _saelens_cfg(path)  # what causaldim cannot read is refused here, before work
-        return {"format": "saelens", "site": hook_name_of(cfg)}
-    raise UsageError(
-        f"{path} is no SAE this tool reads: expected a causaldim, SAELens or sparsify "
-        "folder, or a Gemma Scope params.npz"
-    )
+    with causaldim.model.sites.site_of. What causaldim cannot read is refused here."""
+    if _layout(path) == "causaldim":
+        return {"format": "causaldim", "site": read_meta(path).get("hook_name")}
+    reading = inspect(path)
+    return {"format": reading.format, "site": reading.site}
 
 
 def describe_source(path: Path, sae_id: str | None = None) -> dict:
