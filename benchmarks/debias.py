@@ -3,7 +3,7 @@ share the estimator's assumptions: per cell, the plug-in erank's error, the corr
 erank's, whether it said it converged, how often its 95% interval covered the truth, and
 its time per reading.
 
-    python benchmarks/debias.py                    # the whole suite (about 30 min here)
+    python benchmarks/debias.py                    # the whole suite (about 10 min here)
     python benchmarks/debias.py --d 64 --trials 4  # a quicker look
 
 Samples come in sequences of 128 tokens, sequences being the independent unit:
@@ -117,9 +117,7 @@ def cell(d, alpha, kind, rho, ratio, trials) -> dict:
     mean = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0] if k not in flags}
     converged = [r for r in rows if r["converged"]]
     ar_independent = mean["n_eff_per_d"] * (1 - rho) / (1 + rho)
-    conv_err = (
-        sum(r["corrected"] for r in converged) / len(converged) if converged else math.nan
-    )
+    conv_err = sum(r["corrected"] for r in converged) / len(converged) if converged else math.nan
     coverage = sum(r["covered"] for r in converged) / len(converged) if converged else math.nan
     ok = all(r["converged"] for r in rows if r["must_converge"]) and (
         not converged or (abs(conv_err) <= 0.03 and coverage >= 0.9)

@@ -39,7 +39,8 @@ def test_measure_returns_the_runs_numbers(measured):
     raw = json.loads((out / "results.json").read_text())
     logits = raw["sigma"]["logits"]
     assert res.layer == 1 == raw["store"]["layer"]
-    assert res.kappa == (logits["erank_corrected"], *logits["erank_corrected_95"])
+    assert res.kappa[:3] == (logits["erank_corrected"], *logits["erank_corrected_95"])
+    assert res.kappa.reading == "logits" and res.kappa.converged == logits["converged"]
     assert res.kappa.low <= res.kappa.value <= res.kappa.high
     a = raw["sweep"]["topk"]
     if a["estimable"]:

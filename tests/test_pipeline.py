@@ -14,6 +14,7 @@ import causaldim
 from causaldim import cli
 from causaldim.config import PRESETS, preset_configs
 from causaldim.errors import UsageError
+from causaldim.measures.sigma import DIRECT
 
 
 def run_args(model: str, corpus, out) -> list[str]:
@@ -64,7 +65,7 @@ def finished_run(tmp_path_factory, tiny_model, text_corpus):
 def test_results_hold_every_number_of_the_report(finished_run):
     out, _ = finished_run
     r = json.loads((out / "results.json").read_text())
-    assert r["schema"] == "causaldim.results/3" and r["headline"] == "topk"
+    assert r["schema"] == "causaldim.results/4" and r["headline"] == "topk"
     a = r["sweep"]["topk"]
     assert [row["width"] for row in a["per_width"]] == [16, 32, 64, 128, 256]
     for row in a["per_width"]:
@@ -87,9 +88,16 @@ def test_results_hold_every_number_of_the_report(finished_run):
         assert k["kappa_over_d"] == pytest.approx(k["kappa"] / 32)
         assert "coverage" in k and "width_95" in k
     assert a["kappa"]["at_most_d"]["kappa"] <= 32
-    assert set(r["sigma"]) == {"loss", "logits", "fisher", "activations"}
-    for est in r["sigma"].values():
-        assert 1 <= est["erank"] <= 32 and len(est["bootstrap"]["erank_95"]) == 2
+    assert set(r["sigma"]) == {*DIRECT, "activations"}
+    for reading, est in r["sigma"].items():
+        assert 1 <= est["erank"] <= 32
+        if reading == "activations":  # a plug-in reference line, not corrected
+            assert est["erank_corrected"] is None
+            continue
+        lo, hi = est["erank_corrected_95"]
+        assert 1 <= est["erank_corrected"] <= 32 and lo <= est["erank_corrected"] <= hi
+        assert isinstance(est["converged"], bool) and est["n_independent"] <= est["n_eff"]
+    assert r["direct_kappa"]["value"] == r["sigma"]["logits"]["erank_corrected"]
     assert r["seconds"]["total"] > 0 and r["versions"]["torch"]
     assert r["inputs"]["store"]["manifest_sha256"] and r["inputs"]["corpus"]["sha256"]
     assert r["paper"]["kappa_hat"] == 1990 and r["config"]["sweep"]["k"] == 4
@@ -251,7 +259,7 @@ def test_depth_and_scale_measure_other_layers_and_a_second_model(tmp_path, tiny_
     assert sorted(p.name.split("-")[0] for p in (out / "stores").iterdir()) == ["L1", "L2", "L3"]
     row = {r["layer"]: r for r in depth["rows"]}
     assert row[2]["epsilon"] == results["sweep"]["topk"]["epsilon"]
-    assert row[2]["erank"]["loss"] == results["sigma"]["loss"]["erank"]
+    assert row[2]["erank"]["loss"] == results["sigma"]["loss"]["erank_corrected"]
     assert depth["epsilon_first_over_last"] == pytest.approx(row[1]["epsilon"] / row[3]["epsilon"])
     assert all(len(r["n_causal"]) == 3 for r in depth["rows"])
     assert scale["layers"] == [2, matched_layer(2, 4, 6)] and scale["d_model"] == [32, 48]
@@ -290,7 +298,7 @@ def test_a_run_saves_each_readings_subspace_and_relates_every_sae(finished_run):
     out, _ = finished_run
     r = json.loads((out / "results.json").read_text())
     sub = r["subspace"]
-    assert sub["reading"] == "logits" and set(sub["files"]) == {"loss", "logits", "fisher"}
+    assert sub["reading"] == "logits" and set(sub["files"]) == set(DIRECT)
     d = r["store"]["model"]["d_model"]
     for reading, rel in sub["files"].items():
         saved = causaldim.load_subspace(out / rel)

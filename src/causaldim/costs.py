@@ -85,8 +85,8 @@ def correction_flops(n_eval: int, d: int, readings: int, b: debias.Budget = debi
     eigendecompositions (the point, about CORRECTION_STEPS deconvolution steps of b.draws
     each; the half-blocks estimate and each jackknife replicate, a few steps from it) and
     its simulated sampling of n_eval weighted Gaussian samples per draw."""
-    steps = CORRECTION_STEPS + b.half_iterations + b.groups * b.replicate_iterations
-    eigs = b.draws * steps
+    eigs = b.draws * (CORRECTION_STEPS + b.half_iterations)
+    eigs += b.groups * (1 + b.replicate_draws * b.replicate_iterations)
     sims = b.draws
     return readings * (eigs * 10 * d**3 + sims * 2 * n_eval * d * d)
 

@@ -19,6 +19,7 @@ from causaldim.controls.scale import scale_comparison
 from causaldim.controls.synthetic import SyntheticSpec
 from causaldim.controls.thresholds import PERCENTILES, threshold_robustness
 from causaldim.measures.score import Scores
+from causaldim.measures.sigma import DIRECT
 from causaldim.paper import EPSILON_FALL, RANDOM_ENCODER_INFLATION, SYNTHETIC_RECALL, TASK_RECOVERY
 from causaldim.report.doc import Doc
 
@@ -331,7 +332,7 @@ def task_result(**overrides):
     return c
 
 
-def depth_row(layer, epsilon, growth, kappa, eranks):
+def depth_row(layer, epsilon, growth, kappa, eranks, converged=True):
     return {
         "layer": layer,
         "epsilon": epsilon,
@@ -342,20 +343,21 @@ def depth_row(layer, epsilon, growth, kappa, eranks):
         "kappa_95": [0.7 * kappa, 1.6 * kappa],
         "erank": eranks,
         "erank_95": {r: [v - 5.0, v + 5.0] for r, v in eranks.items()},
+        "converged": {r: converged or r != "logits" for r in eranks},
     }
 
 
-def depth_result(last_epsilon=1.05e-04, loss=True):
+def depth_result(last_epsilon=1.05e-04, loss=True, converged=True):
     """depth_summary(): a row per layer."""
 
-    def eranks(loss_erank, logits, fisher):
-        e = {"loss": loss_erank, "logits": logits, "fisher": fisher}
+    def eranks(loss_erank, logits, uncentred, fisher):
+        e = {"loss": loss_erank, "logits": logits, "logits_uncentred": uncentred, "fisher": fisher}
         return e if loss else {k: v for k, v in e.items() if k != "loss"}
 
     rows = [
-        depth_row(3, 2.1e-03, 3.1, 210.5, eranks(98.7, 150.2, 140.0)),
-        depth_row(15, 3.2109e-05, 7.3415, 432.7, eranks(123.4, 234.5, 210.9)),
-        depth_row(27, last_epsilon, None, 88.8, eranks(111.1, 180.0, 170.0)),
+        depth_row(3, 2.1e-03, 3.1, 210.5, eranks(98.7, 150.2, 120.0, 140.0)),
+        depth_row(15, 3.2109e-05, 7.3415, 432.7, eranks(123.4, 234.5, 190.1, 210.9)),
+        depth_row(27, last_epsilon, None, 88.8, eranks(111.1, 180.0, 60.2, 170.0), converged),
     ]
     return {
         "layers": [3, 15, 27],
@@ -364,7 +366,7 @@ def depth_result(last_epsilon=1.05e-04, loss=True):
         "epsilon_first_over_last": 2.1e-03 / last_epsilon if last_epsilon > 0 else None,
         "paper_epsilon_fall": EPSILON_FALL,
         "kappa_range": [88.8, 432.7],
-        "loss_erank_range": [98.7, 123.4] if loss else None,
+        "logits_erank_range": [150.2, 234.5],
     }
 
 
@@ -458,7 +460,10 @@ def test_hand_made_results_have_the_keys_their_compute_functions_return():
     mine = l0_result()
     assert set(real) == set(mine) and set(real["rows"][0]) == set(mine["rows"][0])
 
-    sigma = {r: {"erank": 9.0, "bootstrap": None} for r in ("loss", "logits", "fisher")}
+    sigma = {
+        r: {"erank_corrected": 9.0, "erank_corrected_95": [8.0, 10.0], "converged": True}
+        for r in DIRECT
+    }
     real = depth_summary({3: (sigma, sweep["topk"])})
     mine = depth_result()
     assert set(real) == set(mine) and set(real["rows"][0]) == set(mine["rows"][0])
@@ -916,32 +921,36 @@ def test_task_warns_where_the_model_barely_does_the_task(metric, accuracy, warne
 # ----------------------------------------------------------------------------- depth
 
 
-def test_depth_with_an_epsilon_ratio_and_loss_eranks():
+def test_depth_with_an_epsilon_ratio_and_every_reading():
     md = section("depth", depth_result())
     assert (
         "| layer | epsilon | N_causal per width | growth | kappa_hat | "
-        "erank loss / logits / fisher |"
+        "corrected erank loss / logits / logits_uncentred / fisher |"
     ) in md
-    assert "| 3 | 0.0021 | 41 117 301 | x3.10 | 210 [147, 337] | 98.7 / 150 / 140 |" in md
-    assert "| 27 | 0.000105 | 41 117 301 | n/a | 88.8 [62, 142] | 111 / 180 / 170 |" in md
+    assert "| 3 | 0.0021 | 41 117 301 | x3.10 | 210 [147, 337] | 98.7 / 150 / 120 / 140 |" in md
+    assert "| 27 | 0.000105 | 41 117 301 | n/a | 88.8 [62, 142] | 111 / 180 / 60.2 / 170 |" in md
     assert paragraph(md) == (
         "epsilon at layer 3 is x20.00 that at layer 27 (paper: a 20x fall from layer 1 to 23 of "
         "Gemma-2-2B); kappa_hat ranges from 88.8 to 433 over layers 3, 15, 27; the direct "
-        "loss-gradient erank from 98.7 to 123. Each layer has its own epsilon (its smallest "
-        "SAE's percentile), so N_causal compares across layers only through that calibration; "
-        "the direct eranks need no SAE and compare across layers as they are."
+        "kappa (gauge-invariant logits reading) from 150 to 234. Each layer has its own epsilon "
+        "(its smallest SAE's percentile), so N_causal compares across layers only through that "
+        "calibration; the direct eranks need no SAE and compare across layers as they are."
     )
 
 
-def test_depth_without_an_epsilon_ratio_or_loss_eranks():
-    md = section("depth", depth_result(last_epsilon=0.0, loss=False))
-    assert "| 27 | 0 | 41 117 301 | n/a | 88.8 [62, 142] | n/a / 180 / 170 |" in md
+def test_depth_without_an_epsilon_ratio_or_a_loss_reading_stars_what_has_not_converged():
+    md = section("depth", depth_result(last_epsilon=0.0, loss=False, converged=False))
+    assert "| 27 | 0 | 41 117 301 | n/a | 88.8 [62, 142] | n/a / 180* / 60.2 / 170 |" in md
     text = paragraph(md)
     assert text.startswith(
         "epsilon at layer 27 is 0, so no ratio is defined; kappa_hat ranges from 88.8 to 433 "
-        "over layers 3, 15, 27. Each layer"
+        "over layers 3, 15, 27; the direct kappa"
     )
-    assert "loss-gradient" not in text and "paper" not in text
+    assert "paper" not in text
+    assert text.endswith(
+        "A starred erank has not converged: its layer's eval tokens hold "
+        "fewer than 4 independent equivalents per dimension, so it may still be low."
+    )
 
 
 # ----------------------------------------------------------------------------- scale

@@ -139,7 +139,9 @@ def test_analysis_reports_both_normalisations_and_the_regime():
     assert a["regime"]["paper_reference_over_d"] == pytest.approx(16384 / 2304)
     assert len(a["splits"]) == 3 and a["attributed"]["per_width"][0]["width"] == 32
     for r in a["attributed"]["per_width"]:
-        assert 1 <= r["erank"] <= D and r["erank_95"][0] <= r["erank_95"][1]
+        assert 1 <= r["erank"] <= D
+        # printed only where the resampled interval holds the point, never widened
+        assert r["erank_95"] is None or r["erank_95"][0] <= r["erank"] <= r["erank_95"][1]
     assert a["attributed"]["groups"] == 8 and a["attributed"]["resamples"] == 20
     firing = analyze(
         {m: s.normalised("firing") for m, s in scores.items()}, {}, D, AnalysisConfig(bootstrap=0)

@@ -10,17 +10,24 @@ from causaldim.config import AnalysisConfig
 from causaldim.errors import UsageError
 from causaldim.harvest import harvest
 from causaldim.measures import debias, profile
-from causaldim.measures.sigma import accumulate, estimate
+from causaldim.measures.sigma import accumulate, estimate, probes_per_token
 
 N_LAYERS = 4
-CHECKED = ("erank", "erank_corrected", "participation_ratio_unbiased", "n_eff")
+CHECKED = (
+    "erank",
+    "erank_corrected",
+    "erank_corrected_95",
+    "participation_ratio_unbiased",
+    "n_eff",
+    "n_independent",
+)
 
 
 @pytest.fixture(scope="module")
 def one_pass(tmp_path_factory, tiny_harvest):
     """A profile of every layer of the tiny Llama from one eval pass, beside single-layer
     stores of layers 0 and 2 harvested apart (each its own pass, down to that layer)."""
-    cfg = AnalysisConfig(profile_blocks=8, profile_bootstrap=20)
+    cfg = AnalysisConfig(profile_blocks=8)
     base = tmp_path_factory.mktemp("profile")
     run = tiny_harvest(base / "run", layer=2)
     n_eval = int(run.tokens * run.eval_fraction) // run.seq_len
@@ -33,7 +40,9 @@ def one_pass(tmp_path_factory, tiny_harvest):
         profile.profile_readings(run.logit_probes, run.fisher_probes),
     )
     harvest(run, progress=False, observer=acc)
-    probes = {"logits": run.logit_probes, "fisher": run.fisher_probes}
+    probes = probes_per_token(
+        {"logit_probes": run.logit_probes, "fisher_probes": run.fisher_probes}
+    )
     found = profile.estimates(acc, cfg, seed=0, probes=probes)
     singles = {
         layer: harvest(tiny_harvest(base / f"L{layer}", layer=layer), progress=False).store
@@ -46,7 +55,7 @@ def test_every_layer_and_reading_is_measured(one_pass):
     _, acc, found, _, _ = one_pass
     assert sorted(found) == list(range(N_LAYERS))
     for ests in found.values():
-        assert set(ests) == {"loss", "logits", "fisher", "activations"}
+        assert set(ests) == {"loss", "logits", "logits_uncentred", "fisher", "activations"}
         for r, e in ests.items():
             assert e.erank > 1
             if r != "activations":
@@ -60,7 +69,7 @@ def test_profile_equals_a_single_layer_run(one_pass, layer):
     """Same rows, blocks, order and seeds as the store route: the numbers agree to 1e-5
     (the sums differ only in float32 rounding)."""
     cfg, acc, found, singles, probes = one_pass
-    light = AnalysisConfig(blocks=cfg.profile_blocks, bootstrap=cfg.profile_bootstrap)
+    light = AnalysisConfig(blocks=cfg.profile_blocks)
     sums = accumulate(singles[layer], light)
     assert list(sums) == list(found[layer])  # the readings in the seeds' order
     for k, (r, s) in enumerate(sums.items()):
@@ -70,7 +79,8 @@ def test_profile_equals_a_single_layer_run(one_pass, layer):
             if a is None:
                 assert b is None
                 continue
-            assert math.isclose(a, b, rel_tol=1e-5), (layer, r, name, a, b)
+            pairs = zip(a, b, strict=True) if isinstance(a, list) else [(a, b)]
+            assert all(math.isclose(x, y, rel_tol=1e-5) for x, y in pairs), (layer, r, name, a, b)
         assert found[layer][r].n_samples == single.n_samples
 
 

@@ -18,12 +18,12 @@ from causaldim.errors import IntegrityError, UsageError
 from causaldim.fileio import write_sealed_json
 from causaldim.measures.analysis import ATP_EDGES
 from causaldim.paper import PAPER
+from causaldim.report.direct import direct_sigma, sigma_table
 from causaldim.report.doc import Doc
 from causaldim.report.figures import plot_atp, plot_sigma, plot_wedge
 from causaldim.report.fmt import ci, growth, num, pct, sci
 from causaldim.report.render import figure_plan, render
 from causaldim.report.results import SCHEMA, load_results
-from causaldim.report.direct import direct_sigma, sigma_table
 from causaldim.report.sections import (
     beside_paper,
     build_report,
@@ -801,9 +801,7 @@ def test_a_headline_that_has_not_converged_says_so_everywhere():
     assert md.count(flag) >= 3
     assert "NOT converged" in md
     table = sigma_table(results)
-    assert [line.split()[-1] for line in table.splitlines() if line.startswith("logits ")] == [
-        "NO"
-    ]
+    assert [line.split()[-1] for line in table.splitlines() if line.startswith("logits ")] == ["NO"]
 
 
 def test_sigma_table_writes_a_missing_interval_as_na():

@@ -89,6 +89,12 @@ def plot_depth(c: dict, path: Path) -> Path:
     )
 
 
+def _marked(row: dict, reading: str) -> str:
+    """A corrected erank, starred where it has not converged."""
+    text = num(row["erank"].get(reading))
+    return text + "*" if row.get("converged", {}).get(reading) is False else text
+
+
 def depth_section(doc: Doc, c: dict) -> None:
     doc.table(
         [
@@ -106,7 +112,7 @@ def depth_section(doc: Doc, c: dict) -> None:
                 " ".join(map(str, r["n_causal"])),
                 growth(r["n_causal_growth"]),
                 f"{num(r['kappa_hat'])} {ci(r['kappa_95'])}",
-                " / ".join(num(r["erank"].get(k)) for k in DIRECT),
+                " / ".join(_marked(r, k) for k in DIRECT),
             ]
             for r in c["rows"]
         ],
@@ -129,10 +135,17 @@ def depth_section(doc: Doc, c: dict) -> None:
             f"the direct kappa (gauge-invariant logits reading) from {num(min(logits))} to "
             f"{num(max(logits))}"
         )
+    unconverged = any(False in r.get("converged", {}).values() for r in c["rows"])
     doc.p(
         "; ".join(text) + ". Each layer has its own epsilon (its smallest SAE's percentile), "
         "so N_causal compares across layers only through that calibration; the direct "
         "eranks need no SAE and compare across layers as they are."
+        + (
+            " A starred erank has not converged: its layer's eval tokens hold fewer than 4 "
+            "independent equivalents per dimension, so it may still be low."
+            if unconverged
+            else ""
+        )
     )
 
 

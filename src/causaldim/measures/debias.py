@@ -67,7 +67,11 @@ class Budget(NamedTuple):
     draws: int  # Monte Carlo draws of the simulated sampling averaged for the estimate
     groups: int  # jackknife groups of sequence blocks (at most the blocks there are)
     iterations: int = 40  # at most, of the deconvolution from the plug-in spectrum
-    replicate_iterations: int = 3  # from the point, in each jackknife replicate
+    replicate_iterations: int = 2  # from the point, in each jackknife replicate
+    # Draws in each jackknife replicate: the same draws in every replicate, so their
+    # Monte Carlo noise is common to all and leaves the replicates' spread alone; the
+    # replicates were four fifths of the work at 3 iterations of all draws.
+    replicate_draws: int = 2
     half_iterations: int = 8  # from the point, for the first half of the blocks
 
 
@@ -76,7 +80,7 @@ class Budget(NamedTuple):
 # spectrum at 5 independent samples per dimension (benchmarks/debias.py).
 FULL = Budget(draws=8, groups=16)
 # Each layer of the profile: fewer draws and groups (a wider interval, the same estimator).
-LIGHT = Budget(draws=4, groups=8, iterations=25, replicate_iterations=2, half_iterations=5)
+LIGHT = Budget(draws=4, groups=8, iterations=25, half_iterations=5)
 
 
 class Samples(NamedTuple):
@@ -204,16 +208,17 @@ def correct(
     n_indep = sampling.independent_equivalents(samples.weights, rho)
     flat = sums.reshape(blocks, -1)
     gram, traces = (flat @ flat.T).cpu(), sums.diagonal(dim1=1, dim2=2).sum(-1).cpu()
-    ones = torch.ones(blocks, dtype=torch.float64)
+    ones = torch.ones(blocks, dtype=torch.float64, device="cpu")
     pr = unbiased_pr(gram, traces, counts, ones)
     weights = sampling.matched_weights(samples.weights, pr)
     gen = torch.Generator(device="cpu").manual_seed(seed + 7919)
     q = sampling.simulate(weights, samples.stream_block, blocks, rho, d, budget.draws, gen, device)
 
-    def estimate(weights: torch.Tensor, start=None, iterations=budget.iterations):
+    def estimate(weights: torch.Tensor, start=None, iterations=budget.iterations, draws=None):
         w = weights.to(device).double()
         observed = torch.linalg.eigvalsh(torch.einsum("b,bij->ij", w, sums))
-        qs = [torch.einsum("b,bij->ij", w.float(), q[j]).double() for j in range(budget.draws)]
+        draws = budget.draws if draws is None else min(draws, budget.draws)
+        qs = [torch.einsum("b,bij->ij", w.float(), q[j]).double() for j in range(draws)]
         return deconvolve(observed, qs, start, iterations), qs
 
     lam, qs = estimate(ones)
@@ -225,14 +230,21 @@ def correct(
     per_draw = [
         erank_of((lam * mean_sim / s.clamp_min(1e-300)).sort(descending=True).values) for s in sims
     ]
-    se_sim = math.sqrt(torch.tensor(per_draw).var().item() / len(sims)) if len(sims) > 1 else 0.0
+    se_sim = (
+        math.sqrt(torch.tensor(per_draw, device="cpu").var().item() / len(sims))
+        if len(sims) > 1
+        else 0.0
+    )
 
     groups = min(budget.groups, blocks)
-    group_of = torch.arange(blocks) * groups // blocks
+    group_of = torch.arange(blocks, device="cpu") * groups // blocks
     se_jk, pr_95 = None, None
     if groups > 1:
         leave_out = [(group_of != g).double() for g in range(groups)]
-        replicates = [erank_of(estimate(w, lam, budget.replicate_iterations)[0]) for w in leave_out]
+        replicates = [
+            erank_of(estimate(w, lam, budget.replicate_iterations, budget.replicate_draws)[0])
+            for w in leave_out
+        ]
         se_jk = _jackknife_se(replicates)
         pr_reps = [unbiased_pr(gram, traces, counts, w) for w in leave_out]
         if all(math.isfinite(v) for v in pr_reps) and math.isfinite(pr):
@@ -240,7 +252,7 @@ def correct(
             pr_95 = [pr - half, pr + half]
 
     half_estimate = None
-    first = (torch.arange(blocks) < blocks // 2).double()
+    first = (torch.arange(blocks, device="cpu") < blocks // 2).double()
     if blocks >= 2 and float(first @ counts.double().cpu()) > 0:
         half_estimate = erank_of(estimate(first, lam, budget.half_iterations)[0])
 

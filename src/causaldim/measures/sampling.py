@@ -30,9 +30,11 @@ class LagStats:
     samples of different sequences (the baseline)."""
 
     def __init__(self, seq_len: int):
-        self.sums = torch.zeros(seq_len, dtype=torch.float64)
-        self.squares = torch.zeros(seq_len, dtype=torch.float64)  # of cos^2, for its error
-        self.counts = torch.zeros(seq_len, dtype=torch.float64)
+        self.sums = torch.zeros(seq_len, dtype=torch.float64, device="cpu")
+        self.squares = torch.zeros(
+            seq_len, dtype=torch.float64, device="cpu"
+        )  # of cos^2, for its error
+        self.counts = torch.zeros(seq_len, dtype=torch.float64, device="cpu")
         self.cross_sum, self.cross_count = 0.0, 0.0
         self._last: tuple[int, torch.Tensor] | None = None  # the last sequence seen
 
@@ -89,14 +91,19 @@ class LagStats:
             rho2[k], last = min(excess, 1.0), k
         if last >= 2 and rho2[last] < rho2[last - 1]:
             decay = float(rho2[last] / rho2[last - 1])
-            tail = torch.arange(1, len(rho2) - last, dtype=torch.float64)
+            tail = torch.arange(1, len(rho2) - last, dtype=torch.float64, device=rho2.device)
             rho2[last + 1 :] = rho2[last] * decay**tail
         return rho2.sqrt()
 
 
 def _lag_matrix(rho: torch.Tensor) -> torch.Tensor:
     t = len(rho)
-    return rho[(torch.arange(t)[:, None] - torch.arange(t)[None, :]).abs()]
+    return rho[
+        (
+            torch.arange(t, device=rho.device)[:, None]
+            - torch.arange(t, device=rho.device)[None, :]
+        ).abs()
+    ]
 
 
 def independent_equivalents(weights: torch.Tensor, rho: torch.Tensor) -> float:

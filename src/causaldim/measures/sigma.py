@@ -113,34 +113,38 @@ class BlockSums:
         self.n[block] += len(flat)
         n = len(x3)
         if seq is None:
-            seq = torch.arange(n) - 1 - self._own  # negative: apart from the store's ids
+            seq = (
+                torch.arange(n, device="cpu") - 1 - self._own
+            )  # negative: apart from the store's ids
             self._own += n
         else:
             seq = seq.long().cpu()
-        pos = torch.zeros(n, dtype=torch.long) if pos is None else pos.long().cpu()
+        pos = torch.zeros(n, dtype=torch.long, device="cpu") if pos is None else pos.long().cpu()
         if self.lags is not None:
             self.lags.add(x3, seq, pos)
         sq = x3.double().pow(2).sum(-1).cpu()
-        self._rows.append((sq, seq, pos, torch.full((n,), block, dtype=torch.long)))
+        self._rows.append((sq, seq, pos, torch.full((n,), block, dtype=torch.long, device="cpu")))
 
     def samples(self) -> debias.Samples:
         """The samples' weights laid out per stream (sequence x probe) and position."""
         sq, seq, pos, block = (torch.cat(c) for c in zip(*self._rows, strict=True))
         probes = sq.shape[1]
         ids, stream_seq = torch.unique(seq, return_inverse=True)
-        streams = stream_seq[:, None] * probes + torch.arange(probes)[None, :]
-        weights = torch.zeros(len(ids) * probes, max(self.seq_len, int(pos.max()) + 1))
+        streams = stream_seq[:, None] * probes + torch.arange(probes, device="cpu")[None, :]
+        weights = torch.zeros(
+            len(ids) * probes, max(self.seq_len, int(pos.max()) + 1), device="cpu"
+        )
         weights = weights.double().index_put_(
             (streams.flatten(), pos.repeat_interleave(probes)), sq.flatten(), accumulate=True
         )
-        stream_block = torch.zeros(len(ids) * probes, dtype=torch.long)
+        stream_block = torch.zeros(len(ids) * probes, dtype=torch.long, device="cpu")
         stream_block[streams.flatten()] = block.repeat_interleave(probes)
         return debias.Samples(weights, stream_block, self.lags, len(ids))
 
     def sample_norms(self) -> torch.Tensor:
         """Every sample's |x|^2, in the order added."""
         if not self._rows:
-            return torch.zeros(0, dtype=torch.float64)
+            return torch.zeros(0, dtype=torch.float64, device="cpu")
         return torch.cat([r[0].flatten() for r in self._rows])
 
     def matrix(self, weights: torch.Tensor | None = None) -> torch.Tensor:
@@ -230,17 +234,18 @@ def add_rows(
 def _plug_in_curves(sums: BlockSums) -> tuple[dict, list[dict]]:
     """The plug-in's split halves and its convergence curve over growing blocks."""
     blocks = len(sums.n)
+    index = torch.arange(blocks, device="cpu")
     halves = {}
     for name, w in (
-        ("first", torch.arange(blocks) < blocks // 2),
-        ("second", torch.arange(blocks) >= blocks // 2),
+        ("first", index < blocks // 2),
+        ("second", index >= blocks // 2),
     ):
         if w.any() and float(w.double() @ sums.n) > 0:
             s = spectrum(torch.linalg.eigvalsh(sums.matrix(w)))
             halves[name] = {"erank": s.erank, "participation_ratio": s.participation_ratio}
     curve = []
     for k in sorted({max(1, round(blocks * f)) for f in (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1)}):
-        w = (torch.arange(blocks) < k).double()
+        w = (index < k).double()
         if float(w @ sums.n) == 0:
             continue
         s = spectrum(torch.linalg.eigvalsh(sums.matrix(w)))

@@ -18,7 +18,9 @@ PULL_BACK = (
 
 def flagged(est: dict) -> str:
     """A corrected erank with its interval, marked where it has not converged."""
-    text = f"{num(est.get('erank_corrected'))} {ci(est.get('erank_corrected_95'))}".strip()
+    value = est.get("erank_corrected")
+    digits = 0 if value is None or abs(value) >= 100 else 1  # as num() writes the value
+    text = f"{num(value)} {ci(est.get('erank_corrected_95'), digits)}".strip()
     if est.get("converged") is False:
         text += (
             f" (not converged; about {est['eval_tokens_needed']:,} eval tokens would do)"
