@@ -2,7 +2,10 @@
 
 eval split: ours (frozen weights, layers 0..L without a graph, backward from the loss
 down to L only) against the naive way (weights trainable, full forward, full backward
-with parameter gradients, h's gradient read from a retained hook).
+with parameter gradients, h's gradient read from a retained hook); and ours with the
+default probes (a Gaussian logit probe split into centred and shift parts, two
+backwards, and a Fisher probe) against one backward per Gaussian probe, as before the
+split.
 train split: forward stopped at L against a full forward, both without autograd.
 
 Each repetition times both on the same batch, alternating the order; medians are
@@ -27,6 +30,19 @@ from causaldim.model.load import load_model, resolve_model
 def eval_pass(lm, layer, ids):
     """causaldim's eval pass at one layer."""
     return grads_at(lm, (layer,), ids)[layer]
+
+
+def split_probes(lm, layer, ids):
+    """The eval pass as runs make it: one Gaussian logit probe split into its centred part
+    and its shift of all logits (two backwards) and one Fisher probe: four backwards."""
+    return grads_at(lm, (layer,), ids, 1, 1, torch.Generator().manual_seed(0))[layer]
+
+
+def whole_probes(lm, layer, ids):
+    """The eval pass before the split: the Gaussian probe pulled back whole, one backward
+    like the Fisher probe's; timed as two Fisher probes (the same vector-Jacobian product
+    from the logits): three backwards."""
+    return grads_at(lm, (layer,), ids, 0, 2, torch.Generator().manual_seed(0))[layer]
 
 
 def train_pass(lm, layer, ids):
@@ -106,6 +122,15 @@ def main() -> None:
         "eval pass (h, g) vs full fwd+bwd with weight grads",
         eval_pass,
         naive_eval,
+        lm,
+        layer,
+        batches,
+        args.reps,
+    )
+    compare(
+        "eval pass with the default probes vs one backward per Gaussian probe",
+        split_probes,
+        whole_probes,
         lm,
         layer,
         batches,

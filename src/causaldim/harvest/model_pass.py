@@ -50,9 +50,9 @@ def grads_at(
     generator: torch.Generator | None = None,
 ) -> dict[int, Gradients]:
     """h and g = dLoss/dh at each of the blocks `layers`, Loss = next-token cross-entropy
-        summed over all positions, from one forward: each backward runs down to the lowest
-        block and yields every block's gradient on the way. Each probe adds one more backward
-        from the logits (the forward is shared; the probes are shared by all blocks): a
+    summed over all positions, from one forward: each backward runs down to the lowest
+    block and yields every block's gradient on the way. Each probe adds one more backward
+    from the logits (the forward is shared; the probes are shared by all blocks): a
     Gaussian probe costs two, one for its centred part and one for its shift part."""
     blocks = _blocks(lm, layers)
     ids = ids.to(lm.device)
