@@ -17,6 +17,7 @@ from causaldim.config import AnalysisConfig, HarvestConfig, SweepConfig
 from causaldim.errors import IntegrityError, UsageError
 from causaldim.fileio import write_sealed_json
 from causaldim.measures.analysis import ATP_EDGES
+from causaldim.measures.sigma import DEFINITIONS
 from causaldim.paper import PAPER
 from causaldim.report.direct import direct_sigma, sigma_table
 from causaldim.report.doc import Doc
@@ -62,13 +63,6 @@ CORRECTION_KEYS = (
     "participation_ratio_unbiased",
     "participation_ratio_unbiased_95",
 )
-DEFINITIONS = {
-    "loss": "erank(E[g g^T]), g = dLoss/dh",
-    "logits": "erank(E[J^T (I - 11^T/V) J])",
-    "logits_uncentred": "erank(E[J^T J])",
-    "fisher": "erank(E[J^T (diag p - p p^T) J])",
-    "activations": "erank(Cov[h])",
-}
 
 
 def sigma_estimate(
@@ -505,10 +499,7 @@ def test_headline_quotes_the_fits_the_direct_estimates_and_the_wedge():
         "fall below epsilon. With AtP averaged over the firing tokens instead of the all "
         "ones, N_causal grows x7.34 (82 -> 234 -> 602)."
     ) in md
-    assert (
-        "- Split-robust SAE estimate (plug-in erank of E[v v^T], v = g seen through the active "
-        "features): 127 [118, 136] at the widest SAE, +5.1% from the second widest."
-    ) in md
+    assert "kappa_SAE" not in md and "v v^T" not in md  # a plug-in: not in the headline
 
 
 def test_headline_reads_with_care_only_where_there_are_warnings():
@@ -539,7 +530,7 @@ def test_beside_paper_sets_each_number_of_the_run_beside_the_papers():
         "| total attribution A / epsilon (Markov ceiling on N_causal), widest | 462 |  |",
         "| kappa_hat [95% CI] | 433 [311, 698] | 1,990 [545, 5,130] |",
         "| kappa_hat / d | 0.75 | 0.86 |",
-        "| split-robust SAE estimate (widest) [95% CI] | 127 [118, 136] |  |",
+        "| kappa_SAE, plug-in (widest) [95% CI] | 127 [118, 136] |  |",
         "| direct kappa (erank, gauge-invariant logits reading, corrected) | 258 [242, 275] |  |",
         "| kappa_PR (direct, the same reading, U-statistics) | 94.7 | 280 |",
         "| coverage at the widest SAE | 69.6% | 72.0% |",
@@ -627,6 +618,11 @@ def test_sweeps_diagnose_the_estimator_and_the_splits():
         "top 2% rate | kappa_SAE [95%] |"
     ) in md
     assert "| 1,024 | 0.011 | 332 | 41 | 82 | 2,688 | 128 | 25.0% | 101 [95, 108] |" in md
+    assert (
+        "At the widest SAE kappa_SAE is 127 [118, 136], +5.1% from the second widest. It is a "
+        "plug-in erank, biased low at few samples per dimension and not corrected as the "
+        "direct kappa is, so the headline does not set it beside the direct kappa."
+    ) in md
     assert "How the reference's 41 causal features split" in md
     assert "| 4,096 | 0.88 | 3.0 | 45.0% | 0.97 |" in md
     assert "N_causal per seed" not in md
@@ -815,13 +811,11 @@ def test_summary_is_the_few_lines_printed_at_the_end():
         "tokens; over firing tokens: x7.34); epsilon 3.21e-05",
         "kappa_hat 433 [311, 698] (hyperbolic, by AICc), kappa_hat/d 0.75, coverage 69.6%; "
         "constrained to d: 433 [311, 576]",
-        "split-robust SAE estimate (plug-in erank of E[v v^T], v = g seen through the active "
-        "features): 127 [118, 136] at the widest SAE, +5.1% from the second widest",
         *[f"warning: {w}" for w in WARNINGS],
     ]
     results = make_results()
     results["sweep"]["topk"]["warnings"] = []
-    assert len(summary(results).splitlines()) == 3
+    assert len(summary(results).splitlines()) == 2
     lines = summary(without_bootstrap()).splitlines()
     assert "[n/a]" in lines[1] and "coverage n/a" in lines[1]
 

@@ -16,11 +16,21 @@ PULL_BACK = (
 )
 
 
-def flagged(est: dict) -> str:
-    """A corrected erank with its interval, marked where it has not converged."""
+def _with_interval(est: dict) -> str:
     value = est.get("erank_corrected")
     digits = 0 if value is None or abs(value) >= 100 else 1  # as num() writes the value
-    text = f"{num(value)} {ci(est.get('erank_corrected_95'), digits)}".strip()
+    return f"{num(value)} {ci(est.get('erank_corrected_95'), digits)}".strip()
+
+
+def starred(est: dict) -> str:
+    """A corrected erank with its interval, starred where it has not converged (for
+    tables whose notes say how many eval tokens would do)."""
+    return _with_interval(est) + ("*" if est.get("converged") is False else "")
+
+
+def flagged(est: dict) -> str:
+    """A corrected erank with its interval, marked where it has not converged."""
+    text = _with_interval(est)
     if est.get("converged") is False:
         text += (
             f" (not converged; about {est['eval_tokens_needed']:,} eval tokens would do)"
@@ -182,7 +192,8 @@ def profile_section(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
         f"{prof['blocks']} sequence blocks, a lighter correction than the run's layer: "
         f"{c['draws']} draws, {c['groups']} jackknife groups), the share of the uncentred "
         "reading's trace along the shift of all logits, and the activations' plug-in erank "
-        f"for reference. Layer {prof['run_layer']} is the run's layer, measured in full above."
+        f"for reference. Layer {prof['run_layer']} is the run's layer, measured in full above. "
+        "A starred erank has not converged (see below)."
     )
     head = ["layer", *(f"erank {r} [95%]" for r in direct)]
     shares = "logits_uncentred" in direct
@@ -192,7 +203,7 @@ def profile_section(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
     for i in layers:
         row = prof["layers"][i]
         cells = [i + (" (run)" if int(i) == prof["run_layer"] else "")]
-        cells += [flagged(row[r]) for r in direct]
+        cells += [starred(row[r]) for r in direct]
         cells += [pct(row["logits_uncentred"].get("common_mode_share"))] if shares else []
         if "activations" in row:
             cells.append(num(row["activations"]["erank"]))
@@ -211,18 +222,24 @@ def _profile_cautions(prof: dict, analysis: dict) -> list[str]:
     corrected erank moved from half of the sequences to all."""
     lines = []
     for reading in prof["layers"][next(iter(prof["layers"]))]:
-        unconverged, moving = [], []
+        unconverged, moving, needed = [], [], 0
         for i, row in sorted(prof["layers"].items(), key=lambda kv: int(kv[0])):
             e = row[reading]
             if e.get("converged") is False:
                 unconverged.append(i)
+                needed = max(needed, e.get("eval_tokens_needed") or 0)
             half, full = e.get("erank_corrected_half"), e.get("erank_corrected")
             if half and full and abs(full / half - 1) > analysis["converged_change"]:
                 moving.append(i)
         if unconverged:
             lines.append(
                 f"{reading}: not converged (fewer than 4 independent equivalents per "
-                f"dimension) at layers {', '.join(unconverged)}; harvest more eval tokens"
+                f"dimension) at layers {', '.join(unconverged)}; "
+                + (
+                    f"about {needed:,} eval tokens would do at all of them"
+                    if needed
+                    else "harvest more eval tokens"
+                )
             )
         if moving:
             lines.append(

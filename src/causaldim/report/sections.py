@@ -38,8 +38,6 @@ def summary(results: dict) -> str:
         f"{growth(a['sensitivity']['n_causal_growth'])}); epsilon {a['epsilon']:.3g}",
         kappa_line(a),
     ]
-    if a.get("attributed"):
-        lines.append(attributed_line(a["attributed"]))
     lines += [f"warning: {x}" for x in a["warnings"]]
     return "\n".join(lines)
 
@@ -57,12 +55,14 @@ def kappa_line(a: dict) -> str:
     )
 
 
-def attributed_line(att: dict) -> str:
+def attributed_text(att: dict) -> str:
+    """kappa_SAE at the widest SAE, said to be a plug-in (outside the headline)."""
     change = att["change_at_widest"]
     moved = "" if change is None else f", {100 * change:+.1f}% from the second widest"
     return (
-        f"split-robust SAE estimate (plug-in erank of E[v v^T], v = g seen through the active "
-        f"features): {num(att['widest'])} {ci(att['widest_95'])} at the widest SAE{moved}"
+        f" At the widest SAE kappa_SAE is {num(att['widest'])} {ci(att['widest_95'])}{moved}. "
+        "It is a plug-in erank, biased low at few samples per dimension and not corrected "
+        "as the direct kappa is, so the headline does not set it beside the direct kappa."
     )
 
 
@@ -127,9 +127,6 @@ def headline(doc: Doc, results: dict) -> None:
             f"SAE estimate ({arch}): kappa_hat not estimable: {a['not_estimable']}. The "
             "fits below describe a level, not an asymptote."
         )
-    if a.get("attributed"):
-        line = attributed_line(a["attributed"])
-        items.append(line[0].upper() + line[1:] + ".")
     w, other = a["wedge"], a["sensitivity"]
     items.append(
         f"The wedge over x{w['width_ratio']:g} in width: N_repr grows "
@@ -221,7 +218,7 @@ def beside_paper(doc: Doc, results: dict) -> None:
                 f"{paper['kappa_over_d']}",
             ],
             [
-                "split-robust SAE estimate (widest) [95% CI]",
+                "kappa_SAE, plug-in (widest) [95% CI]",
                 f"{num(att['widest'])} {ci(att['widest_95'])}" if att else "n/a",
                 "",
             ],
@@ -343,6 +340,7 @@ def diagnostics(doc: Doc, a: dict) -> None:
         f"{other['epsilon']:.3g}). kappa_SAE: the erank of E[v v^T], with "
         "v = sum_i f_i (g . d_i) d_i the loss gradient seen through the active features, "
         "which splitting a feature leaves unchanged."
+        + (attributed_text(a["attributed"]) if a.get("attributed") else "")
         + (
             f" {a['seeds']} trainings per width: N_causal of each at this epsilon, and "
             "intervals that draw one training per width per resample."
