@@ -151,3 +151,16 @@ def test_analysis_reports_both_normalisations_and_the_regime():
     assert [r["n_causal"] for r in firing["per_width"]] == a["sensitivity"]["n_causal"]
     assert a["estimable"] == (a["not_estimable"] is None)
     assert not math.isnan(a["epsilon"]) and np.isfinite(a["sensitivity"]["epsilon"])
+
+
+def test_kappa_sae_warns_where_its_interval_does_not_hold_its_point():
+    rows = [
+        {"width": 256, "erank": 120.0, "erank_95": [111.0, 123.0]},
+        {"width": 2048, "erank": 201.0, "erank_95": None},
+    ]
+    found = {"per_width": rows, "resamples": 50}
+    (line,) = attributed.warnings(found)
+    assert "at width(s) 2,048 " in line and "bias signal" in line
+    assert attributed.warnings({"per_width": rows[:1], "resamples": 50}) == []
+    assert attributed.warnings({"per_width": rows, "resamples": 0}) == []  # none drawn
+    assert attributed.warnings(None) == []

@@ -92,6 +92,7 @@ def analyze(
     growth = wedge(per_width)
     growth_95 = _growth_interval(boot)
     reason = not_estimable(widths, growth["n_causal_growth"], growth_95)
+    att = attributed.estimate(scores, min(cfg.bootstrap, attributed.RESAMPLES), seed)
     return {
         "reference_width": reference,
         "percentile": cfg.percentile,
@@ -127,8 +128,8 @@ def analyze(
             epsilon,
             {m: (scores[m], decoders[m]) for m in widths if m > reference},
         ),
-        "attributed": attributed.estimate(scores, min(cfg.bootstrap, attributed.RESAMPLES), seed),
-        "warnings": _warnings(widths, kappa, d_model, reason is None),
+        "attributed": att,
+        "warnings": _warnings(widths, kappa, d_model, reason is None) + attributed.warnings(att),
     }
 
 

@@ -59,6 +59,18 @@ def erank_of(vv: torch.Tensor) -> float:
     return spectrum(torch.linalg.eigvalsh(vv.double())).erank
 
 
+def warnings(found: dict | None) -> list[str]:
+    """Where the resampled interval does not hold its point: a bias signal, said."""
+    missed = [r["width"] for r in (found or {}).get("per_width", []) if r["erank_95"] is None]
+    if not found or not found["resamples"] or not missed:
+        return []
+    return [
+        "kappa_SAE's resampled interval does not hold its point at width(s) "
+        f"{', '.join(f'{m:,}' for m in missed)} (resampling duplicates blocks, which lowers "
+        "a plug-in erank: a bias signal); it is not printed there"
+    ]
+
+
 def estimate(scores: dict[int, Scores], resamples: int, seed: int = 0) -> dict | None:
     """Per width: kappa_SAE and its 95% interval over resampled groups of eval blocks; and
     its relative change from the second widest width to the widest. None where the
