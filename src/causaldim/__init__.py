@@ -1,6 +1,14 @@
 """causaldim: how many directions of a transformer layer matter to its output."""
 
+import os as _os
+
 __version__ = "0.1.0"
+
+# Before torch loads its OpenMP runtime (it reads this once): threads that wait for work
+# sleep instead of spinning, so that on a machine other jobs share they give the cores
+# back (two runs side by side on 2 cores ran 4x slower each with spinning threads;
+# docs/measured.md). A policy the user set is kept.
+_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __all__ = ["measure", "load", "compare", "Results", "load_subspace", "versions"]
 

@@ -157,11 +157,14 @@ def measure(
     *,
     preset: str = "default",
     progress: bool = True,
+    threads: int | None = None,
     **settings,
 ) -> Results:
     """Measure one layer, as `causaldim run --preset PRESET --model MODEL --layer LAYER
     --SETTING VALUE ...` does (settings by their field names: out, tokens, widths,
-    controls, ...). Finished stages of an earlier run in the same out are reused."""
+    controls, ...). Finished stages of an earlier run in the same out are reused.
+    `threads`: how many to compute with (default: one per core this process may use);
+    torch's and BLAS's thread counts are put back afterwards."""
     from .config import preset_configs
     from .pipeline import run
 
@@ -170,5 +173,7 @@ def measure(
     if layer is not None:
         settings["layer"] = layer
     harvest_cfg, sweep_cfg, analysis_cfg = preset_configs(preset, **settings)
-    result = run(harvest_cfg, sweep_cfg, analysis_cfg, progress=progress, preset=preset)
+    result = run(
+        harvest_cfg, sweep_cfg, analysis_cfg, progress=progress, preset=preset, threads=threads
+    )
     return Results(result.path)

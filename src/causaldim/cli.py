@@ -100,6 +100,31 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see {self.prog} -h)")
 
 
+def _threads(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is not a thread count: pass 1 or more")
+    return n
+
+
+def _add_runtime(parser: argparse.ArgumentParser, default) -> None:
+    """How a command runs, not what it measures (accepted before or after the command)."""
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        default=default,
+        help="No progress bars (they are also left out when stderr is not a terminal).",
+    )
+    parser.add_argument(
+        "--threads",
+        type=_threads,
+        default=default,
+        metavar="N",
+        help="Threads to compute with (default: one per core this process may use: its CPU "
+        "affinity and cgroup quota). The numbers do not depend on it.",
+    )
+
+
 def _parser(values: dict) -> argparse.ArgumentParser:
     parser = _Parser(
         prog="causaldim",
@@ -107,11 +132,15 @@ def _parser(values: dict) -> argparse.ArgumentParser:
         "directions move the model's output.",
     )
     parser.add_argument("--version", action="version", version=f"causaldim {__version__}")
-    parser.add_argument("--quiet", action="store_true", help="No progress bars.")
+    _add_runtime(parser, argparse.SUPPRESS)
+    parser.set_defaults(quiet=False, threads=None)
+    runtime = argparse.ArgumentParser(add_help=False)
+    _add_runtime(runtime, argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser(
         "harvest",
+        parents=[runtime],
         help="Run the model once over the corpus and write the activation-and-gradient store.",
         description="Train split: h at layer L (forward stopped at L). Eval split: h and "
         "g = dLoss/dh (backward from the loss down to L only). Reuses a matching store.",
@@ -121,6 +150,7 @@ def _parser(values: dict) -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "run",
+        parents=[runtime],
         help="The whole measurement: store, direct Sigma, SAE sweep, AtP scores, counts and "
         "kappa_hat fits -> OUT/results.json, OUT/report.md, OUT/report.html, OUT/figures/.",
         description="corpus -> store (harvest) -> direct Sigma (loss, logits, fisher) -> SAE "
@@ -139,6 +169,7 @@ def _parser(values: dict) -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "train",
+        parents=[runtime],
         help="Train the SAE width sweep from the store (harvesting it first if needed).",
         description="One SAE per (architecture, width), trained on the train split with "
         "outliers left out, evaluated on the eval split, saved under OUT/saes/. Finished "
@@ -149,6 +180,7 @@ def _parser(values: dict) -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "report",
+        parents=[runtime],
         help="Re-render the figures, report.md and report.html of a results.json, "
         "without recomputing anything.",
     )
@@ -157,6 +189,7 @@ def _parser(values: dict) -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "export",
+        parents=[runtime],
         help="Write a run's SAEs in another tool's format (SAELens), each with the hook it "
         "was trained at.",
         description="SOURCE: one SAE folder (OUT/saes/topk-w4096), a run's OUT/saes, or the "
@@ -171,6 +204,7 @@ def _parser(values: dict) -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "compare",
+        parents=[runtime],
         help="One report across finished runs (layers, models, seeds, corpora, SAEs): "
         "OUT/compare.json, OUT/compare.md, OUT/compare.html, OUT/figures/compare_*.png.",
         description="Reads each run's results.json (nothing is recomputed): the direct kappa "
@@ -193,7 +227,9 @@ def _parser(values: dict) -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_compare)
 
-    p = sub.add_parser("models", help="List the embedded models and the known model families.")
+    p = sub.add_parser(
+        "models", parents=[runtime], help="List the embedded models and the known model families."
+    )
     p.set_defaults(func=_cmd_models)
     return parser
 
@@ -201,7 +237,8 @@ def _parser(values: dict) -> argparse.ArgumentParser:
 def _cmd_harvest(args) -> int:
     from .pipeline import harvest_only
 
-    _print_store(harvest_only(_config(args, HarvestConfig), progress=not args.quiet))
+    cfg = _config(args, HarvestConfig)
+    _print_store(harvest_only(cfg, progress=not args.quiet, threads=args.threads))
     return 0
 
 
@@ -220,7 +257,14 @@ def _cmd_run(args) -> int:
             print(f"here, a run would stop: {reason}")
         print("dry run: nothing written")
         return 0
-    result = run(cfg, sweep_cfg, analysis_cfg, progress=not args.quiet, preset=args.preset)
+    result = run(
+        cfg,
+        sweep_cfg,
+        analysis_cfg,
+        progress=not args.quiet,
+        preset=args.preset,
+        threads=args.threads,
+    )
     results = result.results
     print(
         f"{'reused' if results['store']['reused'] else 'wrote'} store "
@@ -317,7 +361,7 @@ def _cmd_train(args) -> int:
     from .pipeline import train
 
     cfg, sweep_cfg = _config(args, HarvestConfig), _config(args, SweepConfig)
-    result = train(cfg, sweep_cfg, progress=not args.quiet)
+    result = train(cfg, sweep_cfg, progress=not args.quiet, threads=args.threads)
     ce = {}
     if result.ce is not None:
         ce = result.ce["saes"]
@@ -357,7 +401,7 @@ def _cmd_report(args) -> int:
 def _cmd_compare(args) -> int:
     from .report.compare import compare
 
-    for path in compare(args.runs, args.out):
+    for path in compare(args.runs, args.out, progress=not args.quiet):
         print(f"wrote: {path}")
     return 0
 
@@ -385,7 +429,7 @@ def _print_store(result) -> None:
 def _cmd_export(args) -> int:
     from .sae.export import export
 
-    for e in export(args.source, args.dest, args.format):
+    for e in export(args.source, args.dest, args.format, progress=not args.quiet):
         site = e.hook_name or "hook unknown (the run's store is not beside the SAE)"
         print(f"wrote: {e.folder} ({args.format}, {site})")
     return 0
@@ -414,7 +458,12 @@ def main(argv: list[str] | None = None) -> int:
         if known.config is not None:
             values.update(read_config_file(known.config))
         args = _parser(values).parse_args(argv)
-        return args.func(args)
+        if args.command in ("harvest", "run", "train", "models"):  # these set their own
+            return args.func(args)
+        from .threads import limited
+
+        with limited(args.threads):
+            return args.func(args)
     except (UsageError, IntegrityError, FloatingPointError) as exc:
         print(f"causaldim: error: {exc}", file=sys.stderr)
         return 2

@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
-from tqdm.auto import tqdm
-
 from .errors import UsageError
+from .progress import bar
 
 EXECUTORS = ("local", "ray")
 J = TypeVar("J")
@@ -35,7 +34,7 @@ class LocalExecutor:
         self.device = device
 
     def map(self, fn, jobs, desc: str = "jobs", progress: bool = False) -> list:
-        return [fn(job, self.device) for job in tqdm(jobs, desc=desc, disable=not progress)]
+        return [fn(job, self.device) for job in bar(jobs, desc=desc, enabled=progress)]
 
 
 class RayExecutor:
@@ -73,12 +72,12 @@ class RayExecutor:
             self.ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
         task = self.ray.remote(**self.options, num_gpus=self.gpus_per_job())(fn)
         refs = [task.remote(job, self.device) for job in jobs]
-        bar = tqdm(total=len(refs), desc=desc, disable=not progress)
+        shown = bar(desc=desc, total=len(refs), enabled=progress)
         pending = list(refs)
         while pending:
             done, pending = self.ray.wait(pending, num_returns=1)
-            bar.update(len(done))
-        bar.close()
+            shown.update(len(done))
+        shown.close()
         return self.ray.get(refs)
 
 

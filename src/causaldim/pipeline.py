@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
-from tqdm.auto import tqdm
 
 from . import controls, faults
 from .config import AnalysisConfig, HarvestConfig, SweepConfig
@@ -36,10 +35,13 @@ from .measures.sweep import SweepEntry, load_entries, splice_evaluation, sweep_s
 from .memory import HEADROOM, check_sae_training
 from .model.load import LoadedModel, load_model
 from .model.sites import NotABlockOutput, equivalents
+from .progress import bar as progress_bar
 from .report.render import render
 from .report.results import build_results
 from .sae import releases
 from .sae.formats import check_weights, describe_source, peek_d_in
+from .threads import Threads
+from .threads import limited as limited_threads
 
 
 class Plans(NamedTuple):
@@ -239,7 +241,7 @@ def controls_stage(
     if not plans.controls:
         return {}
     t = time.perf_counter()
-    bar = tqdm(plans.controls, desc="controls", disable=not progress)
+    bar = progress_bar(plans.controls, desc="controls", enabled=progress)
     ctx = controls.Context(
         store=harvested.result.store,
         here=here,
@@ -253,6 +255,7 @@ def controls_stage(
         stores=harvested.result.stores,
         plan=plans.main,
         side_plans=plans.side,
+        progress=progress,
     )
     out = controls.run_controls(
         plans.controls, ctx, progress=lambda name: bar.set_postfix_str(name) or bar.update()
@@ -262,12 +265,15 @@ def controls_stage(
     return out
 
 
-def harvest_only(cfg: HarvestConfig, progress: bool = True) -> HarvestResult:
+def harvest_only(
+    cfg: HarvestConfig, progress: bool = True, threads: int | None = None
+) -> HarvestResult:
     """The pipeline's first stage alone (`causaldim harvest`), with the checks a run makes
     of it: the plan, the output folder and the disk."""
     the_plan = plan(cfg)
     _check_disk(the_plan, None)
-    return harvest_stage(the_plan, progress, {}).result
+    with limited_threads(threads):
+        return harvest_stage(the_plan, progress, {}).result
 
 
 def _profile_accumulator(the_plan: Plan, cfg: AnalysisConfig) -> profile.Accumulator:
@@ -297,13 +303,27 @@ def run(
     analysis_cfg: AnalysisConfig | None = None,
     progress: bool = True,
     preset: str = "default",
+    threads: int | None = None,
 ) -> RunResult:
-    """The whole measurement; finished stages of an earlier run (store, SAEs) are reused."""
+    """The whole measurement; finished stages of an earlier run (store, SAEs) are reused.
+    `threads`: how many to compute with (default: one per core this process may use)."""
     analysis_cfg = analysis_cfg or AnalysisConfig()
     plans = check(cfg, sweep_cfg or SweepConfig(), analysis_cfg)
     faults.reset()
     # Under Ray, 'auto' is resolved by each worker (the GPU it is given, if any).
     executor = executor_for(plans.sweep.executor, plans.sweep.ray_address, cfg.device)
+    with limited_threads(threads) as used:
+        return _run(plans, analysis_cfg, executor, progress, preset, used)
+
+
+def _run(
+    plans: Plans,
+    analysis_cfg: AnalysisConfig,
+    executor: Executor,
+    progress: bool,
+    preset: str,
+    used: Threads,
+) -> RunResult:
     cfg, sweep_cfg = plans.main.config, plans.sweep  # device, dtype and batch size resolved
     out = Path(cfg.out)
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.perf_counter()
@@ -354,6 +374,7 @@ def run(
         headline=headline,
         started=started,
         seconds=seconds,
+        threads=used,
     )
     path = out / "results.json"
     # Figures first; then results.json with the final timings, which the text report shows.
@@ -373,13 +394,20 @@ class TrainResult(NamedTuple):
     ce: dict | None  # CE loss recovered, when --ce-sequences > 0
 
 
-def train(cfg: HarvestConfig, sweep_cfg: SweepConfig, progress: bool = True) -> TrainResult:
+def train(
+    cfg: HarvestConfig, sweep_cfg: SweepConfig, progress: bool = True, threads: int | None = None
+) -> TrainResult:
     """The pipeline up to the SAE sweep (`causaldim train`): the same checks as a run,
     the store (harvested if needed), the SAEs trained on the executor or imported from
     --sae-paths, and CE loss recovered written to OUT/saes/ce_loss_recovered.json."""
     plans = check(cfg, sweep_cfg)
     faults.reset()
     executor = executor_for(plans.sweep.executor, plans.sweep.ray_address, cfg.device)
+    with limited_threads(threads):
+        return _train(plans, executor, progress)
+
+
+def _train(plans: Plans, executor: Executor, progress: bool) -> TrainResult:
     cfg, sweep_cfg = plans.main.config, plans.sweep
     harvested = harvest_stage(plans.main, progress, {})
     store = harvested.result.store

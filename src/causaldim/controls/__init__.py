@@ -79,6 +79,13 @@ class Context:
     stores: dict[int, Store]  # every layer of the pass, the headline's included
     plan: Plan
     side_plans: dict[str, Plan | None]
+    progress: bool = False  # bars for the control's own long loops
+
+    def bar(self, iterable=None, **kw):
+        """A progress bar under the controls' own (gone when done), shown where enabled."""
+        from ..progress import bar
+
+        return bar(iterable, enabled=self.progress, leave=False, **kw)
 
     @property
     def saes(self):
@@ -116,7 +123,7 @@ class Context:
             self.one_architecture,
             self.without_controls,
             self.seed,
-            progress=False,
+            progress=self.progress,
             seconds={},
             executor=self.executor,
         )

@@ -73,6 +73,7 @@ def atp_vs_ablation(
     n_sequences: int = 16,
     batch_size: int = 4,
     seed: int = 0,
+    bar=iter,
 ) -> dict:
     """Per width: real and first-order effects of the sampled features, their Spearman
     correlations with AtP, and which features are truly causal (real effect above the
@@ -98,7 +99,7 @@ def atp_vs_ablation(
                     lm, layer, ids, clean, fires[:, i], zero_feature(sae, i), threshold, batch_size
                 )
                 / n_tokens
-                for i in feats.tolist()
+                for i in bar(feats.tolist(), f"ablation w{width}")
             ]
         real_t = torch.tensor(real, dtype=torch.float64, device="cpu")
         atp = scores[width].atp[feats]
@@ -236,6 +237,7 @@ def _compute(ctx: Context) -> dict:
         cfg.ablation_features,
         cfg.ablation_sequences,
         seed=ctx.seed,
+        bar=lambda items, desc: ctx.bar(items, desc=desc, unit="feature"),
     )
 
 

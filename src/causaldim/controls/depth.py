@@ -155,10 +155,10 @@ def _extra_layers(cfg: AnalysisConfig, n_layers: int, layer: int) -> list[int]:
 
 def _compute(ctx: Context) -> dict:
     per_layer = {ctx.plan.layer: (ctx.here.sigma_dicts(), ctx.analysis)}
-    for layer, store in sorted(ctx.stores.items()):
-        if layer != ctx.plan.layer:
-            there = ctx.measure_other(store, ctx.out / "depth" / f"L{layer}")
-            per_layer[layer] = (there.sigma_dicts(), there.analysis[ctx.headline])
+    others = [(layer, s) for layer, s in sorted(ctx.stores.items()) if layer != ctx.plan.layer]
+    for layer, store in ctx.bar(others, desc="depth", unit="layer"):
+        there = ctx.measure_other(store, ctx.out / "depth" / f"L{layer}")
+        per_layer[layer] = (there.sigma_dicts(), there.analysis[ctx.headline])
     return depth_summary(per_layer)
 
 

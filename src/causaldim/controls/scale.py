@@ -152,7 +152,7 @@ def _compute(ctx: Context) -> dict:
     side = ctx.side_plans.get("scale")
     if side is None:
         return {"skipped": "needs a second model of the family: pass --scale-model"}
-    other = harvest(side.config, progress=False, the_plan=side).store
+    other = harvest(side.config, progress=ctx.progress, the_plan=side).store
     there = ctx.measure_other(other, ctx.out / "scale")
     names = (ctx.plan.config.model, ctx.analysis_cfg.scale_model)
     return {

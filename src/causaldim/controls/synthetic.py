@@ -159,6 +159,7 @@ def synthetic_ground_truth(
     analysis_cfg: AnalysisConfig,
     seed: int = 0,
     spec: SyntheticSpec | None = None,
+    progress: bool = False,
 ) -> dict:
     """The toy layer's store, its SAE sweep and scores, under folder; returns the direct
     erank against k, and per width N_causal, N_repr and the recovery of the planted
@@ -170,10 +171,10 @@ def synthetic_ground_truth(
     store = synthetic_store(folder / "store", spec, seed)
     u = planted(spec, seed).causal
 
-    direct = measure(store, analysis_cfg, seed)
+    direct = measure(store, analysis_cfg, seed, progress=progress)
     loss = direct["loss"]
     cfg = synthetic_sweep(sweep_cfg, spec.d)
-    entries = run_sweep(store, folder, cfg, seed, progress=False)
+    entries = run_sweep(store, folder, cfg, seed, progress=progress)
     saes = {e.width: sae for e, sae in zip(entries, load_entries(entries).values(), strict=True)}
     scores = {
         m: atp_scores(sae, store, analysis_cfg.blocks, analysis_cfg.read_tokens)
@@ -385,7 +386,11 @@ def synthetic_section(doc: Doc, c: dict) -> None:
 
 def _compute(ctx: Context) -> dict:
     return synthetic_ground_truth(
-        ctx.out / "controls" / "synthetic", ctx.one_architecture, ctx.without_controls, ctx.seed
+        ctx.out / "controls" / "synthetic",
+        ctx.one_architecture,
+        ctx.without_controls,
+        ctx.seed,
+        progress=ctx.progress,
     )
 
 

@@ -187,16 +187,21 @@ def task_recovery(
     top: float = 0.05,
     max_features: int = 96,
     seed: int = 0,
+    progress_bar=iter,
 ) -> dict:
     """Really ablate the features that fire on the agreement prompts (at most max_features,
     those with the largest first-order effect on the metric), call those that move the
     metric by more than fraction * |clean metric| ground truth, and count how many of them
     rank in the top `top` of the width by generic-text AtP."""
     with placed(sae, lm.device):
-        return _task_recovery(lm, store, sae, scores, n_prompts, fraction, top, max_features, seed)
+        return _task_recovery(
+            lm, store, sae, scores, n_prompts, fraction, top, max_features, seed, progress_bar
+        )
 
 
-def _task_recovery(lm, store, sae, scores, n_prompts, fraction, top, max_features, seed) -> dict:
+def _task_recovery(
+    lm, store, sae, scores, n_prompts, fraction, top, max_features, seed, progress_bar
+) -> dict:
     layer, threshold = store.manifest["layer"], store.manifest["outliers"]["threshold"]
     prompts = agreement_prompts(lm.tokenizer, n_prompts, seed)
     groups = length_groups(prompts)
@@ -220,7 +225,7 @@ def _task_recovery(lm, store, sae, scores, n_prompts, fraction, top, max_feature
     candidates = candidates[first_order[candidates].abs().argsort(descending=True, stable=True)]
     evaluated, dropped = candidates[:max_features], candidates[max_features:]
     effects = []
-    for i in evaluated.tolist():
+    for i in progress_bar(evaluated.tolist()):
         edit, total = zero_feature(sae, i), 0.0
         for group in groups:
             rows = fires[group.index, i]
@@ -441,6 +446,7 @@ def _compute(ctx: Context) -> dict:
             ctx.scores[width],
             ctx.analysis_cfg.task_prompts,
             seed=ctx.seed,
+            progress_bar=lambda items: ctx.bar(items, desc="task ablations", unit="feature"),
         ),
     }
 

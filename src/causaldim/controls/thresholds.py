@@ -26,12 +26,13 @@ def threshold_robustness(
     cfg: AnalysisConfig,
     seed: int = 0,
     percentiles: tuple[float, ...] = PERCENTILES,
+    bar=iter,
 ) -> dict:
     """The counts and kappa_hat with epsilon at each percentile of the reference width's
     AtP: a finding that holds at one percentile only is made by the threshold."""
     rows = []
-    for p in percentiles:
-        a = analyze(scores, evals, d_model, replace(cfg, percentile=p), seed)
+    for p in bar(percentiles):
+        a = analyze(scores, evals, d_model, replace(cfg, percentile=p), seed, kappa_sae=False)
         free, bounded = a["kappa"]["free"], a["kappa"]["at_most_d"]
         rows.append(
             {
@@ -130,7 +131,12 @@ def thresholds_section(doc: Doc, c: dict) -> None:
 
 def _compute(ctx: Context) -> dict:
     return threshold_robustness(
-        ctx.scores, ctx.here.evals[ctx.headline], ctx.store.d_model, ctx.analysis_cfg, ctx.seed
+        ctx.scores,
+        ctx.here.evals[ctx.headline],
+        ctx.store.d_model,
+        ctx.analysis_cfg,
+        ctx.seed,
+        bar=lambda items: ctx.bar(items, desc="thresholds", unit="percentile"),
     )
 
 

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import NamedTuple, Protocol
 
 import torch
-from tqdm.auto import tqdm
 
 from .. import versions
 from ..config import HarvestConfig
@@ -19,6 +18,7 @@ from ..errors import IntegrityError
 from ..faults import fault_point
 from ..fileio import write_sealed_json
 from ..model.load import LoadedModel, load_model
+from ..progress import bar as progress_bar
 from .model_pass import grads_at, residuals_at
 from .plan import Plan, plan
 from .store import FORMAT, MANIFEST, ShardWriter, Store, UnfinishedStore
@@ -217,7 +217,7 @@ def _harvest_split(
     tapped = sorted({*outputs, *(observer.layers if observer else ())})
     n_outliers = dict.fromkeys(outputs, 0)
     loss_sum, n_pred = 0.0, 0
-    bar = tqdm(total=seqs.numel(), desc=f"{name} pass", unit="tok", disable=not progress)
+    bar = progress_bar(desc=f"{name} pass", total=seqs.numel(), unit="tok", enabled=progress)
     for start in range(0, len(seqs), cfg.batch_size):
         ids = seqs[start : start + cfg.batch_size]
         per_layer: dict[int, tuple[torch.Tensor, dict]] = {}

@@ -45,10 +45,14 @@ def analyze(
     seed: int = 0,
     decoders: dict[int, torch.Tensor] | None = None,
     replicates: dict[int, list[Scores]] | None = None,
+    progress: bool = False,
+    kappa_sae: bool = True,
 ) -> dict:
     """Everything the report says about one architecture's sweep, as plain data. With the
     SAEs' decoders, also how the reference's features split; with replicates (other
-    trainings of the widths), intervals that carry the training's variance."""
+    trainings of the widths), intervals that carry the training's variance. kappa_sae=False
+    leaves out the split-robust estimate (it does not depend on epsilon: the thresholds
+    control reads it from the headline's analysis)."""
     widths = sorted(scores)
     reference = cfg.reference_width or widths[0]
     epsilon = calibrate(scores[reference].atp, cfg.percentile)
@@ -92,7 +96,11 @@ def analyze(
     growth = wedge(per_width)
     growth_95 = _growth_interval(boot)
     reason = not_estimable(widths, growth["n_causal_growth"], growth_95)
-    att = attributed.estimate(scores, min(cfg.bootstrap, attributed.RESAMPLES), seed)
+    att = (
+        attributed.estimate(scores, min(cfg.bootstrap, attributed.RESAMPLES), seed, progress)
+        if kappa_sae
+        else None
+    )
     return {
         "reference_width": reference,
         "percentile": cfg.percentile,

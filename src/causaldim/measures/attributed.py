@@ -42,6 +42,8 @@ import math
 
 import torch
 
+from ..progress import bar
+from ..threads import parallel_map
 from .score import Scores
 from .sigma import spectrum
 from .stats import interval_95
@@ -71,7 +73,9 @@ def warnings(found: dict | None) -> list[str]:
     ]
 
 
-def estimate(scores: dict[int, Scores], resamples: int, seed: int = 0) -> dict | None:
+def estimate(
+    scores: dict[int, Scores], resamples: int, seed: int = 0, progress: bool = False
+) -> dict | None:
     """Per width: kappa_SAE and its 95% interval over resampled groups of eval blocks; and
     its relative change from the second widest width to the widest. None where the
     scores hold no v v^T sums (scored before they existed)."""
@@ -85,10 +89,12 @@ def estimate(scores: dict[int, Scores], resamples: int, seed: int = 0) -> dict |
         for _ in range(resamples if groups > 1 else 0)
     ]
     rows = []
-    for m in widths:
+    for m in bar(widths, desc="kappa_SAE", unit="width", enabled=progress):
         vv = scores[m].vv_sums.double()
         point = erank_of(vv.sum(0))
-        values = [erank_of(torch.einsum("g,gij->ij", w.double(), vv)) for w in draws]
+        values = parallel_map(
+            lambda w, vv=vv: erank_of(torch.einsum("g,gij->ij", w.double(), vv)), draws
+        )
         iv = interval_95(values)
         held = bool(iv) and iv[0] <= point <= iv[1]
         rows.append({"width": m, "erank": point, "erank_95": iv if held else None})

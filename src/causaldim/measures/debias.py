@@ -54,6 +54,7 @@ from typing import NamedTuple
 import torch
 from scipy.stats import t as student_t
 
+from ..threads import parallel_map
 from . import sampling
 
 MIN_INDEPENDENT_PER_DIM = 4.0
@@ -169,7 +170,7 @@ def deconvolve(
     qs = [q.double().to(target.device) for q in simulated]
     before = erank_of(lam)
     for _ in range(iterations):
-        sim = torch.stack([_simulated_spectrum(lam, q) for q in qs]).mean(0)
+        sim = torch.stack(parallel_map(lambda q, lam=lam: _simulated_spectrum(lam, q), qs)).mean(0)
         ratio = target.clamp_min(floor) / sim.clamp_min(floor)
         lam = _unit((lam * ratio).sort(descending=True).values.clamp_min(floor * 1e-3))
         now = erank_of(lam)
@@ -225,7 +226,7 @@ def correct(
     point = erank_of(lam)
 
     # Monte Carlo: how far each draw alone would move the point
-    sims = [_simulated_spectrum(lam, qj) for qj in qs]
+    sims = parallel_map(lambda qj: _simulated_spectrum(lam, qj), qs)
     mean_sim = torch.stack(sims).mean(0)
     per_draw = [
         erank_of((lam * mean_sim / s.clamp_min(1e-300)).sort(descending=True).values) for s in sims
@@ -241,10 +242,12 @@ def correct(
     se_jk, pr_95 = None, None
     if groups > 1:
         leave_out = [(group_of != g).double() for g in range(groups)]
-        replicates = [
-            erank_of(estimate(w, lam, budget.replicate_iterations, budget.replicate_draws)[0])
-            for w in leave_out
-        ]
+        replicates = parallel_map(
+            lambda w: erank_of(
+                estimate(w, lam, budget.replicate_iterations, budget.replicate_draws)[0]
+            ),
+            leave_out,
+        )
         se_jk = _jackknife_se(replicates)
         pr_reps = [unbiased_pr(gram, traces, counts, w) for w in leave_out]
         if all(math.isfinite(v) for v in pr_reps) and math.isfinite(pr):

@@ -69,7 +69,7 @@ def measure_layer(
 
     executor = executor or LocalExecutor()
     device = resolve_device(executor.device)  # under Ray, the driver's
-    sigma = timed("sigma", lambda: measure(store, analysis_cfg, seed, device))
+    sigma = timed("sigma", lambda: measure(store, analysis_cfg, seed, device, progress))
     trained = timed(
         "sweep",
         lambda: sweep_saes(store, out, sweep_cfg, seed, progress, repair, executor, imports),
@@ -119,6 +119,7 @@ def measure_layer(
                 seed,
                 {m: sae.W_dec for m, sae in saes[arch].items()},
                 again.get(arch),
+                progress,
             )
             for arch in scores
         },

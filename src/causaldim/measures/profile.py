@@ -18,11 +18,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
-from tqdm.auto import tqdm
 
 from ..config import AnalysisConfig
 from ..errors import UsageError
 from ..harvest.store import block_of, n_blocks
+from ..progress import bar
 from . import debias
 from .sigma import READINGS, BlockSums, SigmaEstimate, add_rows, estimate, with_common_mode
 
@@ -127,7 +127,7 @@ def estimates(
     profile's blocks and debias.LIGHT; each layer's sums freed once used."""
     light = replace(cfg, blocks=acc.blocks)
     out = {}
-    for layer in tqdm(acc.layers, desc="profile", unit="layer", disable=not progress):
+    for layer in bar(acc.layers, desc="profile", unit="layer", enabled=progress):
         sums = acc.sums.pop(layer)
         found = {
             r: estimate(r, s, light, seed + k, probes.get(r, 1), debias.LIGHT)

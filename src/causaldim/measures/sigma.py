@@ -27,6 +27,8 @@ import torch
 
 from ..config import AnalysisConfig
 from ..harvest.store import Store
+from ..progress import bar
+from ..threads import parallel_map
 from . import debias
 from .debias import n_eff
 from .sampling import LagStats
@@ -235,28 +237,29 @@ def _plug_in_curves(sums: BlockSums) -> tuple[dict, list[dict]]:
     """The plug-in's split halves and its convergence curve over growing blocks."""
     blocks = len(sums.n)
     index = torch.arange(blocks, device="cpu")
-    halves = {}
-    for name, w in (
-        ("first", index < blocks // 2),
-        ("second", index >= blocks // 2),
-    ):
-        if w.any() and float(w.double() @ sums.n) > 0:
-            s = spectrum(torch.linalg.eigvalsh(sums.matrix(w)))
-            halves[name] = {"erank": s.erank, "participation_ratio": s.participation_ratio}
-    curve = []
-    for k in sorted({max(1, round(blocks * f)) for f in (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1)}):
-        w = (index < k).double()
-        if float(w @ sums.n) == 0:
-            continue
-        s = spectrum(torch.linalg.eigvalsh(sums.matrix(w)))
-        curve.append(
-            {
-                "n_samples": int(w @ sums.n),
-                "erank": s.erank,
-                "participation_ratio": s.participation_ratio,
-            }
-        )
-    return halves, curve
+    halves = {
+        name: w
+        for name, w in (("first", index < blocks // 2), ("second", index >= blocks // 2))
+        if w.any() and float(w.double() @ sums.n) > 0
+    }
+    steps = sorted({max(1, round(blocks * f)) for f in (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1)})
+    growing = [w for k in steps if float((w := (index < k).double()) @ sums.n) > 0]
+    found = parallel_map(
+        lambda w: spectrum(torch.linalg.eigvalsh(sums.matrix(w))), [*halves.values(), *growing]
+    )
+    split = {
+        name: {"erank": s.erank, "participation_ratio": s.participation_ratio}
+        for name, s in zip(halves, found, strict=False)
+    }
+    curve = [
+        {
+            "n_samples": int(w @ sums.n),
+            "erank": s.erank,
+            "participation_ratio": s.participation_ratio,
+        }
+        for w, s in zip(growing, found[len(halves) :], strict=True)
+    ]
+    return split, curve
 
 
 def estimate(
@@ -350,7 +353,13 @@ def with_common_mode(estimates: dict[str, SigmaEstimate], sums: dict[str, BlockS
     }
 
 
-def measure(store: Store, cfg: AnalysisConfig | None = None, seed: int = 0, device="cpu") -> dict:
+def measure(
+    store: Store,
+    cfg: AnalysisConfig | None = None,
+    seed: int = 0,
+    device="cpu",
+    progress: bool = False,
+) -> dict:
     """All readings the store holds: {reading: SigmaEstimate}; the sums and their
     eigendecompositions on device."""
     cfg = cfg or AnalysisConfig()
@@ -358,7 +367,9 @@ def measure(store: Store, cfg: AnalysisConfig | None = None, seed: int = 0, devi
     probes = probes_per_token(store.manifest["key"])
     found = {
         reading: estimate(reading, s, cfg, seed + i, probes.get(reading, 1))
-        for i, (reading, s) in enumerate(sums.items())
+        for i, (reading, s) in enumerate(
+            bar(sums.items(), desc="direct Sigma", unit="reading", enabled=progress)
+        )
     }
     return with_common_mode(found, sums)
 

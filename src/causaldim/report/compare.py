@@ -13,6 +13,7 @@ from .. import __version__
 from ..errors import UsageError
 from ..fileio import atomic_write_bytes, read_sealed_json, sha256_file, write_sealed_json
 from ..measures.sigma import DEFINITIONS, DIRECT, HEADLINE
+from ..progress import bar
 from .compare_figures import figure_plan
 from .direct import flagged
 from .doc import Doc
@@ -42,7 +43,7 @@ NOT_COMPARED = {
 }
 
 
-def compare(runs: list[Path | str], out: Path | str) -> list[Path]:
+def compare(runs: list[Path | str], out: Path | str, progress: bool = False) -> list[Path]:
     """compare.json, compare.md, compare.html and the figures of a comparison of finished
     runs (their folders or their results.json) in out; returns the paths written. Every
     input is checked before anything is written."""
@@ -50,7 +51,7 @@ def compare(runs: list[Path | str], out: Path | str) -> list[Path]:
     results = read_runs(paths)
     out = check_out(Path(out), paths)
     data = build_comparison(results, paths)
-    return write_comparison(data, out)
+    return write_comparison(data, out, progress)
 
 
 def results_paths(runs: list[Path | str]) -> list[Path]:
@@ -429,14 +430,14 @@ def build_doc(data: dict, figures: dict[str, Path]) -> Doc:
     return doc
 
 
-def write_comparison(data: dict, out: Path) -> list[Path]:
+def write_comparison(data: dict, out: Path, progress: bool = False) -> list[Path]:
     """compare.json, the figures, compare.md and compare.html in out; an earlier
     comparison's figures that this one does not draw are removed."""
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "compare.json"]
     write_sealed_json(written[0], data)
     figures = {}
-    for key, draw in figure_plan(data).items():
+    for key, draw in bar(figure_plan(data).items(), desc="compare figures", enabled=progress):
         figures[key] = draw(data, out / FIGURES[key])
     for key, rel in FIGURES.items():
         if key not in figures:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from ..config import AnalysisConfig, HarvestConfig, SweepConfig
     from ..harvest import Store
     from ..measures.layer import Measurement
+    from ..threads import Threads
 
 SCHEMA = "causaldim.results/4"
 
@@ -69,6 +70,7 @@ def build_results(
     profile: dict | None = None,
     started: str,
     seconds: dict,
+    threads: Threads | None = None,
 ) -> dict:
     """results.json of a run, from its resolved configs, the headline layer's store and
     Measurement, and the controls' results."""
@@ -140,4 +142,7 @@ def build_results(
         "versions": {**m["versions"], **versions("python", "numpy", "scipy")},
         "started": started,
         "seconds": seconds,
+        # what the run computed with: --threads or one per usable core (the numbers do not
+        # depend on it beyond float rounding)
+        "threads": None if threads is None else threads.to_dict(),
     }

@@ -16,12 +16,19 @@ from .fmt import ci, growth, num, pct, sci
 CRITERIA = {"aicc": "AICc", "aic": "AIC (too few widths for AICc)"}
 
 
-def _hardware(config: dict) -> str:
+def _hardware(config: dict, threads: dict | None = None) -> str:
     h, sweep = config["harvest"], config["sweep"]
+    used = (
+        f"; {threads['threads']} thread(s) of {threads['usable_cores']} usable core(s), "
+        f"by {threads['chosen_by']}"
+        if threads
+        else ""
+    )
     return (
         f"ran on {h.get('device', 'cpu')}: model pass in {h['dtype']}, batches of "
         f"{h['batch_size']} sequences; SAE encoder product in {sweep['sae_dtype']}; SAE jobs "
         + ("on Ray" if sweep.get("executor") == "ray" else "in process")
+        + used
     )
 
 
@@ -457,7 +464,7 @@ def provenance(doc: Doc, results: dict) -> None:
         f"store {results['inputs']['store']['path']} "
         f"({'reused' if s['reused'] else 'written by this run'}), manifest sha256 "
         f"{results['inputs']['store']['manifest_sha256']}",
-        _hardware(results["config"]),
+        _hardware(results["config"], results.get("threads")),
         "versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()),
         "seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in results["seconds"].items()),
     ]

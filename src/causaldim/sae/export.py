@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 from ..errors import UsageError
 from ..model.sites import equivalents
+from ..progress import bar
 from .formats import CONFIG, WEIGHTS, export_saelens, load, read_meta
 
 FORMATS = ("saelens",)
@@ -65,7 +66,9 @@ def trained_site(folder: Path) -> tuple[str, str]:
     return meta.get("hook_name", ""), ""
 
 
-def export(source: Path, dest: Path, fmt: str = "saelens") -> list[Exported]:
+def export(
+    source: Path, dest: Path, fmt: str = "saelens", progress: bool = False
+) -> list[Exported]:
     """Write each SAE that source names into dest (dest itself for one SAE, dest/NAME for
     several); refuses, before writing anything, a dest that exists or an unknown format."""
     if fmt not in FORMATS:
@@ -78,7 +81,7 @@ def export(source: Path, dest: Path, fmt: str = "saelens") -> list[Exported]:
         raise UsageError(f"{dest} lies inside {source}; export into a folder outside the run")
     single = len(folders) == 1 and folders[0] == Path(source)
     out = []
-    for folder in folders:
+    for folder in bar(folders, desc="export", unit="SAE", enabled=progress):
         hook_name, model_name = trained_site(folder)
         target = dest if single else dest / folder.name
         export_saelens(load(folder), target, hook_name=hook_name, model_name=model_name)
