@@ -93,6 +93,9 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3, help="floor/step measurements side by side")
     p.add_argument("--dense", action="store_true", help="also time the dense definition")
+    p.add_argument(
+        "--profile", action="store_true", help="also print where a step's time goes, by op"
+    )
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument(
         "--dtypes",
@@ -142,6 +145,18 @@ def main() -> None:
                 f"{arch:>8} float32: dense definition {dense:.3f} s / sparse step "
                 f"{statistics.median(sparse):.3f} s = {dense / statistics.median(sparse):.2f}x"
             )
+        if args.profile:
+            profile_steps(x, arch, args.width, args.k, args.batch, dtype, args.steps)
+
+
+def profile_steps(x, arch, width, k, batch, dtype, steps) -> None:
+    """torch.profiler over `steps` training steps: the ops by their own CPU time, which
+    shows what stands between the step and the encoder product."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step_times(x, arch, width, k, batch, dtype, 0, steps)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 
 if __name__ == "__main__":

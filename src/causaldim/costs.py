@@ -23,6 +23,12 @@ from .model.load import decoder_layers, skeleton
 EFFICIENCY = 0.6
 CORRECTION_STEPS = 10  # the deconvolution settles in about this many steps (measured)
 PLUG_IN_EIGS = 8  # per reading: the estimate, its split halves and its convergence curve
+# FLOPs of one d x d eigendecomposition, in units of d^3 at the matmul speed: measured
+# 12.7 ms (float32) and 21 ms (float64) at d = 576 on one core of the 2-core CPU, run
+# side by side on every core (threads.parallel_map), so the whole machine's speed applies.
+EIG_D3 = 3.5
+TASK_PROMPT_TOKENS = 12  # a generated agreement prompt, about (controls/task.py)
+TASK_FEATURES = 96  # at most this many features really ablated (controls/task.py)
 STORE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 EXTRA_BYTES_PER_TOKEN = 4 + 4 + 4 + 1  # token, pos, seq, outlier
 
@@ -88,7 +94,49 @@ def correction_flops(n_eval: int, d: int, readings: int, b: debias.Budget = debi
     eigs = b.draws * (CORRECTION_STEPS + b.half_iterations)
     eigs += b.groups * (1 + b.replicate_draws * b.replicate_iterations)
     sims = b.draws
-    return readings * (eigs * 10 * d**3 + sims * 2 * n_eval * d * d)
+    return readings * (eigs * EIG_D3 * d**3 + sims * 2 * n_eval * d * d)
+
+
+def analysis_flops(d: int, n_widths: int) -> float:
+    """kappa_SAE of each width: its point and each resample, a d x d eigendecomposition."""
+    from .measures.attributed import RESAMPLES
+
+    return n_widths * (1 + RESAMPLES) * EIG_D3 * d**3
+
+
+def control_flops(
+    the_plan: Plan, sweep: SweepConfig, analysis: AnalysisConfig, layer_flops: dict
+) -> dict[str, float]:
+    """The controls that cost more than a few seconds: the real ablations (a forward of
+    the whole model per feature over the sequences it is ablated on), the task control's
+    ablations on short prompts, the depth control's other layers (each measured as the
+    run's layer is: `layer_flops`), and the synthetic toy's own measurement."""
+    from .controls.synthetic import SyntheticSpec, synthetic_sweep
+
+    cfg, params = the_plan.config, parameter_counts(the_plan)
+    model = 2 * (params["through_layer"] + params["above_layer"] + params["head"])
+    picked = set(analysis.selected_controls())
+    out = {}
+    if "ablation" in picked:
+        features = 1 + analysis.ablation_features * len(sweep.widths)
+        out["control.ablation"] = model * features * analysis.ablation_sequences * cfg.seq_len
+    if "task" in picked:
+        out["control.task"] = (
+            3 * model * (1 + TASK_FEATURES) * analysis.task_prompts * (TASK_PROMPT_TOKENS)
+        )
+    if "depth" in picked:
+        out["control.depth"] = (len(the_plan.store_dirs) - 1) * sum(
+            layer_flops[k] for k in ("sigma", "sweep", "scores", "analysis")
+        )
+    if "synthetic" in picked:
+        spec = SyntheticSpec()
+        toy = synthetic_sweep(sweep, spec.d)
+        out["control.synthetic"] = (
+            4 * spec.d * sum(toy.widths) * spec.train_tokens * toy.epochs
+            + correction_flops(spec.eval_tokens, spec.d, 1)
+            + analysis_flops(spec.d, len(toy.widths))
+        )
+    return out
 
 
 def estimate(
@@ -115,7 +163,7 @@ def estimate(
         "harvest_train": 2 * up * n_train,
         "harvest_eval": 2 * (up + above) * n_eval + (1 + probes) * 2 * backward * n_eval,
         "sigma": sums
-        + (1 + direct) * PLUG_IN_EIGS * 10 * d**3
+        + (1 + direct) * PLUG_IN_EIGS * EIG_D3 * d**3
         + correction_flops(n_eval, d, direct),
         # the sparse step (sae/sparse.py): the dense encoder product (2 d m a token) and
         # the selection among its m outputs; the rest touches only the kept entries.
@@ -123,12 +171,14 @@ def estimate(
         "sweep": 4 * d * width_sum * n_train * sweep.epochs,
         "ce_loss_recovered": 2 * (up + above) * sweep.ce_sequences * seq * (2 + n_saes),
         "scores": 4 * d * width_sum * n_eval,
+        "analysis": analysis_flops(d, len(sweep.widths) * len(sweep.architectures)),
     }
+    flops.update(control_flops(the_plan, sweep, analysis, flops))
     if analysis.profile:
         n_layers = the_plan.source.n_layers
         flops["profile"] = n_layers * (
             sums
-            + (1 + direct) * PLUG_IN_EIGS * 10 * d**3
+            + (1 + direct) * PLUG_IN_EIGS * EIG_D3 * d**3
             + correction_flops(n_eval, d, direct, debias.LIGHT)
         )
     speed = (flops_per_second or matmul_flops_per_second(cfg.dtype, cfg.device)) * EFFICIENCY

@@ -258,7 +258,10 @@ def controls_stage(
         progress=progress,
     )
     out = controls.run_controls(
-        plans.controls, ctx, progress=lambda name: bar.set_postfix_str(name) or bar.update()
+        plans.controls,
+        ctx,
+        progress=lambda name: bar.set_postfix_str(name) or bar.update(),
+        seconds=seconds,
     )
     bar.close()
     seconds["controls"] = time.perf_counter() - t

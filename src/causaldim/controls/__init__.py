@@ -129,8 +129,13 @@ class Context:
         )
 
 
-def run_controls(names: list[str], ctx: Context, progress=None) -> dict:
-    """The selected controls, in the order given; progress(name) before each."""
+def run_controls(
+    names: list[str], ctx: Context, progress=None, seconds: dict | None = None
+) -> dict:
+    """The selected controls, in the order given; progress(name) before each, and each
+    one's seconds into `seconds` (as control.NAME)."""
+    import time
+
     from ..faults import fault_point
 
     out = {}
@@ -139,7 +144,10 @@ def run_controls(names: list[str], ctx: Context, progress=None) -> dict:
             progress(name)
         fault_point(f"control.{name}")
         control = get(name)
+        start = time.perf_counter()
         result = control.compute(ctx)
+        if seconds is not None:
+            seconds[f"control.{name}"] = time.perf_counter() - start
         out[name] = {"architecture": ctx.headline, **result} if control.per_architecture else result
     return out
 
