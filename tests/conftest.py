@@ -1,4 +1,5 @@
-"""Shared fixtures: offline hub, a private cache, seeding, tiny random-init models."""
+"""Shared fixtures: offline hub, a private cache, seeding, tiny random-init models, the
+smoke run of the embedded model."""
 
 from __future__ import annotations
 
@@ -218,6 +219,29 @@ def tiny_lm_store(tmp_path_factory, tiny_harvest):
         return load_model(resolve_model(cfg.model)), store
 
     return make
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory):
+    """The smoke preset on the embedded model, run once a session (about a minute): its
+    folder and its results.json as first written. A test that runs in it again works on a
+    copy; one that runs the preset elsewhere may seed its folder with this store."""
+    import json
+
+    from causaldim import cli
+
+    out = tmp_path_factory.mktemp("smoke") / "run"
+    assert cli.main(["--quiet", "run", "--preset", "smoke", "--out", str(out)]) == 0
+    return out, json.loads((out / "results.json").read_text())
+
+
+def seed_store(run, out) -> None:
+    """Put the stores of a finished run into the folder `out` of a run of the same harvest,
+    which then reuses them instead of harvesting again."""
+    import shutil
+    from pathlib import Path
+
+    shutil.copytree(Path(run) / "stores", Path(out) / "stores")
 
 
 def snapshot(root):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -65,10 +66,10 @@ def test_embedded_atp_matches_autograd_through_the_spliced_sae(smollm, tmp_path)
     assert error < 1e-4 and scores.n_tokens > 200
 
 
-def test_smoke_run_on_the_embedded_model(tmp_path, capsys):
-    out = tmp_path / "run"
-    args = ["--quiet", "run", "--preset", "smoke", "--out", str(out)]
-    assert cli.main(args) == 0
+def test_smoke_run_on_the_embedded_model(smoke_run, tmp_path, capsys):
+    """The session's smoke run (conftest.smoke_run: `run --preset smoke`, fresh), then the
+    same command again in a copy of its folder."""
+    out, results = smoke_run
     (manifest_path,) = out.glob("stores/*/manifest.json")
     m = json.loads(manifest_path.read_text())
     assert m["layer"] == 15 and m["model"]["identity"]["name"] == "smollm2-135m"
@@ -80,7 +81,6 @@ def test_smoke_run_on_the_embedded_model(tmp_path, capsys):
     assert o["n_outliers"] >= 64  # at least every position 0
     assert o["variance_share"] > 0.5  # the few outliers carry most of the variance
 
-    results = json.loads((out / "results.json").read_text())
     for reading in ("loss", "logits", "fisher", "activations"):
         est = results["sigma"][reading]
         assert 1 < est["erank"] < 576 and est["n_samples"] > 900
@@ -89,5 +89,8 @@ def test_smoke_run_on_the_embedded_model(tmp_path, capsys):
     assert [r["width"] for r in rows] == [64, 128, 256, 512, 1024]
     assert rows[-1]["n_repr"] > 5 * rows[0]["n_repr"]
     assert (out / "report.html").is_file() and (out / "figures" / "wedge_topk.png").is_file()
-    assert cli.main(args) == 0
+    again = tmp_path / "run"
+    shutil.copytree(out, again)
+    capsys.readouterr()
+    assert cli.main(["--quiet", "run", "--preset", "smoke", "--out", str(again)]) == 0
     assert "reused store" in capsys.readouterr().out

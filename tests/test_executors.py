@@ -8,6 +8,7 @@ import math
 import os
 
 import pytest
+from conftest import seed_store
 from test_faults import args_for, numbers
 
 from causaldim import cli
@@ -62,17 +63,14 @@ def cluster(request):
         os.environ.pop(name, None)
 
 
-@pytest.fixture(scope="module")
-def smoke_local(tmp_path_factory):
-    out = tmp_path_factory.mktemp("smoke") / "run"
-    assert cli.main(["--quiet", "run", "--preset", "smoke", "--out", str(out)]) == 0
-    return json.loads((out / "results.json").read_text())
-
-
 @pytest.mark.slow
-def test_the_smoke_preset_on_ray_gives_the_in_process_numbers(smoke_local, cluster, tmp_path):
-    cluster({})
+def test_the_smoke_preset_on_ray_gives_the_in_process_numbers(smoke_run, cluster, tmp_path):
+    """The in-process numbers are the session's smoke run (conftest.smoke_run); the Ray run
+    starts from its store (the same harvest: the sweep is what runs on Ray)."""
+    run, smoke_local = smoke_run
     out = tmp_path / "run"
+    seed_store(run, out)
+    cluster({})
     args = ["--quiet", "run", "--preset", "smoke", "--out", str(out), "--executor", "ray"]
     assert cli.main(args) == 0
     assert differences(json.loads((out / "results.json").read_text()), smoke_local) == []

@@ -7,13 +7,17 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import seed_store
 
 NOTEBOOK = Path(__file__).parents[1] / "notebooks" / "quickstart.ipynb"
 
 
 @pytest.mark.slow
-def test_the_quickstart_notebook_runs(tmp_path, monkeypatch):
+def test_the_quickstart_notebook_runs(smoke_run, tmp_path, monkeypatch):
+    """Its run starts from the store of the session's smoke run (conftest.smoke_run, the
+    same harvest), put in its folder: everything after the harvest runs as written."""
     monkeypatch.chdir(tmp_path)  # its runs/ go here
+    seed_store(smoke_run[0], tmp_path / "runs" / "notebook-smoke")
     cells = json.loads(NOTEBOOK.read_text())["cells"]
     namespace: dict = {}
     for cell in cells:
