@@ -1,5 +1,6 @@
 """Shared fixtures: offline hub, a private cache, seeding, tiny random-init models, the
-smoke run of the embedded model."""
+smoke run of the embedded model; the suite on two xdist workers by default (one torch
+thread each; a file, or a group of files sharing a fixture, on one worker)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,82 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+# Under pytest-xdist each worker computes with one torch thread: two workers with a thread
+# per core each, on two cores, wait on each other at every parallel region.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
+WORKERS = 2  # `pytest` alone, where pytest-xdist is installed and two cores are usable
+# Files whose tests share a session fixture, run on one worker. The rest: one worker a file.
+GROUPS = {
+    "tests/test_embedded.py": "embedded model",  # smoke_run: the smoke preset, run once
+    "tests/test_executors.py": "embedded model",
+    "tests/test_notebook.py": "embedded model",
+}
+# The groups that take longest, started first so that no worker is left with one at the
+# end (measured with --durations=0 on 2 workers); the others follow in collection order.
+FIRST = ["embedded model", "tests/test_pipeline.py", "tests/test_integrity.py"]
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def _group(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return GROUPS.get(path, path)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """`pytest` alone runs on two xdist workers, as `-n 2 --dist loadfile` with GROUPS and
+    FIRST; `-n N` or `--dist` says otherwise, and `-n 0` or `-p no:xdist` runs serially.
+    Set here, not in addopts, where `-n` would break `-p no:xdist`."""
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+        return
+    opt = config.option
+    if opt.numprocesses is not None or opt.dist != "no" or opt.usepdb or opt.collectonly:
+        return
+    if _usable_cores() >= WORKERS:
+        opt.numprocesses, opt.dist = WORKERS, "loadfile"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile, with the files of a group in one unit of work and the units in
+    collection order (FIRST first, as the workers order their items). Not --dist loadgroup
+    with xdist_group marks: on pytest 9.2 its groups are silently ignored (pytest-xdist
+    issue 1386)."""
+    if config.option.dist != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class GroupedFiles(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    config.option.loadscopereorder = False  # not by number of tests: FIRST decides
+    return GroupedFiles(config, log)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """Tell each worker the distribution mode: a worker parses the command line as typed,
+    not the options that pytest_cmdline_main set."""
+    node.workerinput["dist"] = node.config.option.dist
+
+
+def pytest_collection_modifyitems(config, items):
+    """On a worker of --dist loadfile, FIRST's groups first (a stable sort: the order
+    within a group, and a serial run's order, unchanged)."""
+    if getattr(config, "workerinput", {}).get("dist") == "loadfile":
+        rank = {group: i for i, group in enumerate(FIRST)}
+        items.sort(key=lambda item: rank.get(_group(item.nodeid), len(FIRST)))
+
 
 WORDS = [
     "the",
@@ -66,6 +143,37 @@ def seeded():
     random.seed(0)
     np.random.seed(0)
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_thread_a_worker():
+    """Under xdist a run computes with one thread by default, not one per usable core
+    (causaldim.threads.choose): two workers with two threads each on two cores wait on each
+    other (measured: the suite took nearly twice as long). An explicit --threads/threads= is kept.
+    For the whole session, so that the runs of module and session fixtures use it too.
+    Yields the real choose (None when not a worker)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield None
+        return
+    from causaldim import threads
+
+    choose = threads.choose
+
+    def one_by_default(requested=None):
+        return choose(requested) if requested is not None else choose()._replace(threads=1)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(threads, "choose", one_by_default)
+        yield choose
+
+
+@pytest.fixture(autouse=True)
+def threads_as_shipped(request, one_thread_a_worker, monkeypatch):
+    """tests/test_threads.py checks the default count itself: there choose is the real one."""
+    if one_thread_a_worker is not None and request.path.name == "test_threads.py":
+        from causaldim import threads
+
+        monkeypatch.setattr(threads, "choose", one_thread_a_worker)
 
 
 @pytest.fixture(autouse=True, scope="session")
