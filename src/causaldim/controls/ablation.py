@@ -73,7 +73,7 @@ def atp_vs_ablation(
     n_sequences: int = 16,
     batch_size: int = 4,
     seed: int = 0,
-    bar=iter,
+    bar=lambda items, desc: items,
 ) -> dict:
     """Per width: real and first-order effects of the sampled features, their Spearman
     correlations with AtP, and which features are truly causal (real effect above the
