@@ -81,12 +81,6 @@ class Context:
     side_plans: dict[str, Plan | None]
     progress: bool = False  # bars for the control's own long loops
 
-    def bar(self, iterable=None, **kw):
-        """A progress bar under the controls' own (gone when done), shown where enabled."""
-        from ..progress import bar
-
-        return bar(iterable, enabled=self.progress, leave=False, **kw)
-
     @property
     def saes(self):
         return self.here.saes[self.headline]

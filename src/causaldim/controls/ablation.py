@@ -21,6 +21,7 @@ from ..measures.score import Scores
 from ..measures.splice import sequence_losses, zero_feature
 from ..measures.stats import spearman
 from ..model.load import LoadedModel
+from ..progress import bar
 from ..report.doc import Doc
 from ..report.figures import finish, pyplot
 from ..report.fmt import num, pct
@@ -73,7 +74,7 @@ def atp_vs_ablation(
     n_sequences: int = 16,
     batch_size: int = 4,
     seed: int = 0,
-    bar=lambda items, desc: items,
+    progress: bool = False,
 ) -> dict:
     """Per width: real and first-order effects of the sampled features, their Spearman
     correlations with AtP, and which features are truly causal (real effect above the
@@ -99,7 +100,9 @@ def atp_vs_ablation(
                     lm, layer, ids, clean, fires[:, i], zero_feature(sae, i), threshold, batch_size
                 )
                 / n_tokens
-                for i in bar(feats.tolist(), f"ablation w{width}")
+                for i in bar(
+                    feats.tolist(), desc=f"ablation w{width}", enabled=progress, leave=False
+                )
             ]
         real_t = torch.tensor(real, dtype=torch.float64, device="cpu")
         atp = scores[width].atp[feats]
@@ -237,7 +240,7 @@ def _compute(ctx: Context) -> dict:
         cfg.ablation_features,
         cfg.ablation_sequences,
         seed=ctx.seed,
-        bar=lambda items, desc: ctx.bar(items, desc=desc, unit="feature"),
+        progress=ctx.progress,
     )
 
 

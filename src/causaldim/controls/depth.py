@@ -9,6 +9,7 @@ from pathlib import Path
 from ..config import AnalysisConfig
 from ..measures.sigma import DIRECT
 from ..paper import EPSILON_FALL
+from ..progress import bar
 from ..report.doc import Doc
 from ..report.figures import finish, pyplot
 from ..report.fmt import ci, growth, num
@@ -156,7 +157,7 @@ def _extra_layers(cfg: AnalysisConfig, n_layers: int, layer: int) -> list[int]:
 def _compute(ctx: Context) -> dict:
     per_layer = {ctx.plan.layer: (ctx.here.sigma_dicts(), ctx.analysis)}
     others = [(layer, s) for layer, s in sorted(ctx.stores.items()) if layer != ctx.plan.layer]
-    for layer, store in ctx.bar(others, desc="depth", unit="layer"):
+    for layer, store in bar(others, desc="depth", enabled=ctx.progress, leave=False):
         there = ctx.measure_other(store, ctx.out / "depth" / f"L{layer}")
         per_layer[layer] = (there.sigma_dicts(), there.analysis[ctx.headline])
     return depth_summary(per_layer)

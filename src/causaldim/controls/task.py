@@ -31,6 +31,7 @@ from ..measures.stats import wilson_95
 from ..model.hooks import editable, edited_block, tap_blocks
 from ..model.load import LoadedModel
 from ..paper import TASK_RECOVERY
+from ..progress import bar as progress_bar
 from ..report.doc import Doc
 from ..report.figures import finish, pyplot
 from ..report.fmt import num, pct
@@ -187,7 +188,7 @@ def task_recovery(
     top: float = 0.05,
     max_features: int = 96,
     seed: int = 0,
-    progress_bar=iter,
+    progress: bool = False,
 ) -> dict:
     """Really ablate the features that fire on the agreement prompts (at most max_features,
     those with the largest first-order effect on the metric), call those that move the
@@ -195,12 +196,12 @@ def task_recovery(
     rank in the top `top` of the width by generic-text AtP."""
     with placed(sae, lm.device):
         return _task_recovery(
-            lm, store, sae, scores, n_prompts, fraction, top, max_features, seed, progress_bar
+            lm, store, sae, scores, n_prompts, fraction, top, max_features, seed, progress
         )
 
 
 def _task_recovery(
-    lm, store, sae, scores, n_prompts, fraction, top, max_features, seed, progress_bar
+    lm, store, sae, scores, n_prompts, fraction, top, max_features, seed, progress
 ) -> dict:
     layer, threshold = store.manifest["layer"], store.manifest["outliers"]["threshold"]
     prompts = agreement_prompts(lm.tokenizer, n_prompts, seed)
@@ -225,7 +226,7 @@ def _task_recovery(
     candidates = candidates[first_order[candidates].abs().argsort(descending=True, stable=True)]
     evaluated, dropped = candidates[:max_features], candidates[max_features:]
     effects = []
-    for i in progress_bar(evaluated.tolist()):
+    for i in progress_bar(evaluated.tolist(), desc="task ablations", enabled=progress, leave=False):
         edit, total = zero_feature(sae, i), 0.0
         for group in groups:
             rows = fires[group.index, i]
@@ -446,7 +447,7 @@ def _compute(ctx: Context) -> dict:
             ctx.scores[width],
             ctx.analysis_cfg.task_prompts,
             seed=ctx.seed,
-            progress_bar=lambda items: ctx.bar(items, desc="task ablations", unit="feature"),
+            progress=ctx.progress,
         ),
     }
 

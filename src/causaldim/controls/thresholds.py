@@ -11,6 +11,7 @@ from ..config import AnalysisConfig
 from ..measures.analysis import analyze
 from ..measures.score import Scores
 from ..measures.stats import spread
+from ..progress import bar
 from ..report.doc import Doc
 from ..report.figures import finish, pyplot
 from ..report.fmt import ci, growth, num
@@ -26,12 +27,12 @@ def threshold_robustness(
     cfg: AnalysisConfig,
     seed: int = 0,
     percentiles: tuple[float, ...] = PERCENTILES,
-    bar=iter,
+    progress: bool = False,
 ) -> dict:
     """The counts and kappa_hat with epsilon at each percentile of the reference width's
     AtP: a finding that holds at one percentile only is made by the threshold."""
     rows = []
-    for p in bar(percentiles):
+    for p in bar(percentiles, desc="thresholds", enabled=progress, leave=False):
         a = analyze(scores, evals, d_model, replace(cfg, percentile=p), seed, kappa_sae=False)
         free, bounded = a["kappa"]["free"], a["kappa"]["at_most_d"]
         rows.append(
@@ -136,7 +137,7 @@ def _compute(ctx: Context) -> dict:
         ctx.store.d_model,
         ctx.analysis_cfg,
         ctx.seed,
-        bar=lambda items: ctx.bar(items, desc="thresholds", unit="percentile"),
+        progress=ctx.progress,
     )
 
 
