@@ -4,6 +4,7 @@ probe products (eval split, backward from the loss and the probes down to the lo
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
@@ -53,34 +54,47 @@ def grads_at(
     summed over all positions, from one forward: each backward runs down to the lowest
     block and yields every block's gradient on the way. Each probe adds one more backward
     from the logits (the forward is shared; the probes are shared by all blocks): a
-    Gaussian probe costs two, one for its centred part and one for its shift part."""
+    Gaussian probe costs two, one for its centred part and one for its shift part.
+
+    Where the logits are the output head's own output (no soft-capping or scaling after
+    it), the loss, shift and Fisher backwards start below the head: their pull-backs
+    through it are sums of its rows (p W, W[y], 1^T W) that need one p W product a batch
+    instead of a [vocab x d] product a backward."""
     blocks = _blocks(lm, layers)
     ids = ids.to(lm.device)
-    with torch.enable_grad(), tap_blocks(blocks, "leaf") as captured:
+    with torch.enable_grad(), tap_blocks(blocks, "leaf") as captured, _head_io(lm) as head:
         logits = lm.model(input_ids=ids, use_cache=False).logits
         loss = F.cross_entropy(
             logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten(), reduction="sum"
         )
         hs = [captured[i] for i in blocks]
-        backwards_left = 2 * logit_probes + fisher_probes
-        gs = torch.autograd.grad(loss, hs, retain_graph=backwards_left > 0)
+        below_head = head.get("output") is logits and isinstance(head.get("module"), nn.Linear)
 
-        def pull_back(probes: list[torch.Tensor]) -> list[torch.Tensor | None]:
-            nonlocal backwards_left
-            per_probe = []
-            for v in probes:
-                backwards_left -= 1
-                per_probe.append(
-                    torch.autograd.grad(logits, hs, v, retain_graph=backwards_left > 0)
-                )
+        def pull_back(outputs: torch.Tensor, grads: list[torch.Tensor]) -> list:
+            """[B, T, K, d] per block: each grad pulled back from outputs; None if none."""
+            per_probe = [torch.autograd.grad(outputs, hs, v, retain_graph=True) for v in grads]
             if not per_probe:
                 return [None] * len(hs)
             return [torch.stack(us, dim=2) for us in zip(*per_probe, strict=True)]
 
-        centred, shifts = gaussian_probes(logits, logit_probes, generator)
-        u_logits = pull_back(centred)
-        u_shift = pull_back(shifts)
-        u_fisher = pull_back(fisher_probes_for(logits, fisher_probes, generator))
+        centred, means = gaussian_probes(logits, logit_probes, generator)
+        draws = fisher_draws(logits, fisher_probes, generator)
+        if below_head:
+            x, w = head["input"], head["module"].weight.detach()
+            pw = (logits.detach().float().softmax(-1) @ w.float()).to(x.dtype)  # [B, T, d]
+            to_loss = pw - w[ids.roll(-1, dims=1)]
+            to_loss[:, -1] = 0  # the last position predicts nothing
+            ones_w = w.sum(0)
+            gs = pull_back(x, [to_loss])
+            u_shift = pull_back(x, [m * ones_w for m in means])
+            u_fisher = pull_back(x, [w[y] - pw for y in draws])
+        else:
+            gs = pull_back(loss, [torch.ones_like(loss)])
+            u_shift = pull_back(logits, [m.expand_as(logits) for m in means])
+            p = logits.detach().float().softmax(-1)
+            u_fisher = pull_back(logits, [_fisher_probe(p, y).to(logits.dtype) for y in draws])
+        u_logits = pull_back(logits, centred)
+    gs = [g[:, :, 0] for g in gs]
     n_pred = ids[:, 1:].numel()
     return {
         i: Gradients(h.detach(), g, ul, us, uf, loss.item(), n_pred)
@@ -88,26 +102,44 @@ def grads_at(
     }
 
 
+@contextmanager
+def _head_io(lm: LoadedModel):
+    """The output head's module, input and output of the forward run inside."""
+    head = lm.model.get_output_embeddings()
+    seen: dict = {"module": head}
+    if head is None:
+        yield seen
+        return
+
+    def hook(module, args, output):
+        seen["input"], seen["output"] = args[0], output
+
+    handle = head.register_forward_hook(hook)
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
 def gaussian_probes(
     logits: torch.Tensor, k: int, generator=None
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """k probes v ~ N(0, I) over the vocabulary at every position, each split into its
-    centred part c = v - mean(v) and its shift part s = mean(v) 1 (independent Gaussians):
-    E[J^T c c^T J] = J^T (I - 1 1^T / V) J, the Jacobian the softmax output sees, and
-    J^T (c + s) is the uncentred probe's J^T v. Drawn on the CPU (generator's device), so
-    that every device gets the same probes."""
-    centred, shifts = [], []
+    centred part c = v - mean(v) and its shift part s = mean(v) 1 (independent Gaussians),
+    returned as c [B, T, vocab] and mean(v) [B, T, 1]: E[J^T c c^T J] = J^T (I - 1 1^T / V) J,
+    the Jacobian the softmax output sees, and J^T (c + s) is the uncentred probe's J^T v.
+    Drawn on the CPU (generator's device), so that every device gets the same probes."""
+    centred, means = [], []
     for _ in range(k):
         v = torch.randn(logits.shape, generator=generator, dtype=torch.float32, device="cpu")
         mean = v.mean(-1, keepdim=True)
         centred.append((v - mean).to(logits.device, logits.dtype))
-        shifts.append(mean.expand_as(v).to(logits.device, logits.dtype))
-    return centred, shifts
+        means.append(mean.to(logits.device, logits.dtype))
+    return centred, means
 
 
-def fisher_probes_for(logits: torch.Tensor, k: int, generator=None) -> list[torch.Tensor]:
-    """v = onehot(y) - p with y drawn from the model's own softmax p at every position:
-    E[v v^T] = diag(p) - p p^T, so E[u u^T] is the output Fisher pulled back to L."""
+def fisher_draws(logits: torch.Tensor, k: int, generator=None) -> list[torch.Tensor]:
+    """k draws y [B, T] from the model's own softmax at every position."""
     if k == 0:
         return []
     p = logits.detach().float().softmax(-1)
@@ -115,12 +147,24 @@ def fisher_probes_for(logits: torch.Tensor, k: int, generator=None) -> list[torc
     # Inverse-CDF sampling: one cumsum shared by all probes (torch.multinomial is ~10x
     # slower than the whole cumsum at a 49k vocabulary).
     cdf = flat.cumsum(-1)
-    probes = []
+    draws = []
     for _ in range(k):
         u = torch.rand(len(flat), 1, generator=generator, dtype=cdf.dtype, device="cpu")
         r = u.to(cdf.device) * cdf[:, -1:]
         y = torch.searchsorted(cdf, r, right=True).clamp_max(flat.shape[-1] - 1)
-        v = -flat.clone()
-        v.scatter_add_(1, y, torch.ones_like(y, dtype=v.dtype))
-        probes.append(v.view_as(p).to(logits.dtype))
-    return probes
+        draws.append(y.view(p.shape[:-1]))
+    return draws
+
+
+def _fisher_probe(p: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """v = onehot(y) - p, [B, T, vocab]."""
+    v = -p.clone()
+    v.scatter_add_(-1, y[..., None], torch.ones_like(y[..., None], dtype=v.dtype))
+    return v
+
+
+def fisher_probes_for(logits: torch.Tensor, k: int, generator=None) -> list[torch.Tensor]:
+    """v = onehot(y) - p with y drawn from the model's own softmax p at every position:
+    E[v v^T] = diag(p) - p p^T, so E[u u^T] is the output Fisher pulled back to L."""
+    p = logits.detach().float().softmax(-1)
+    return [_fisher_probe(p, y).to(logits.dtype) for y in fisher_draws(logits, k, generator)]
