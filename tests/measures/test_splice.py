@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from reference import reference_grad
 
-from causaldim.measures.splice import ce_loss_recovered, spliced_loss
+from causaldim.harvest.model_pass import residuals_at
+from causaldim.measures.splice import ce_loss_recovered, sequence_losses, spliced_loss
 from causaldim.model.load import load_model, resolve_model
 
 
@@ -29,3 +31,29 @@ def test_identity_splice_is_the_clean_model_and_mean_is_the_floor(tiny_model):
     assert abs(out["saes"]["identity"]["ce_loss_recovered"] - 1) < 1e-3
     assert abs(out["clean_loss"] - clean / n) < 1e-6
     assert out["mean_ablated_loss"] != out["clean_loss"]  # the ablation did replace h
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2", "gpt_neox", "qwen2"])
+def test_starting_above_block_l_gives_the_full_forward_losses(tiny_model, family):
+    """The ablation control runs only the blocks above L from L's cached clean output: its
+    losses, clean and edited, are those of the whole forward, and the blocks are put back."""
+    lm = load_model(resolve_model(tiny_model(family)))
+    ids = torch.randint(0, 320, (3, 20), generator=torch.Generator().manual_seed(1))
+    layer = 1
+    hidden = residuals_at(lm, (layer,), ids)[layer]
+    threshold = float(hidden.norm(dim=-1).max()) + 1
+
+    def halve(h):
+        return 0.5 * h
+
+    for edit in (None, halve):
+        full = sequence_losses(lm, layer, ids, edit, threshold)
+        above = sequence_losses(lm, layer, ids, edit, threshold, hidden)
+        assert torch.allclose(above, full, rtol=1e-5), (family, edit)
+    assert not torch.allclose(
+        sequence_losses(lm, layer, ids, halve, threshold),
+        sequence_losses(lm, layer, ids, None, threshold),
+    )
+    assert all("forward" not in vars(block) for block in lm.layers)
+    again = sequence_losses(lm, layer, ids, None, threshold)
+    assert torch.equal(again, sequence_losses(lm, layer, ids, None, threshold))

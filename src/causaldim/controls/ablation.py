@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ..devices import placed
+from ..harvest.model_pass import residuals_at
 from ..harvest.store import Store
 from ..measures.counts import calibrate
 from ..measures.score import Scores
@@ -83,8 +84,13 @@ def atp_vs_ablation(
     layer, threshold = store.manifest["layer"], store.manifest["outliers"]["threshold"]
     ids = store.token_ids("eval", n_sequences)
     n_tokens = ids.shape[0] * (ids.shape[1] - 1)
+    # Block L's clean output, once: each ablation then runs only the blocks above it.
+    hidden = torch.cat([residuals_at(lm, (layer,), b)[layer] for b in ids.split(batch_size)])
     clean = torch.cat(
-        [sequence_losses(lm, layer, b, None, threshold) for b in ids.split(batch_size)]
+        [
+            sequence_losses(lm, layer, b, None, threshold, h)
+            for b, h in zip(ids.split(batch_size), hidden.split(batch_size), strict=True)
+        ]
     )
     gen = torch.Generator().manual_seed(seed)
     rows, epsilon_seq = [], None
@@ -97,7 +103,15 @@ def atp_vs_ablation(
             feats = sample_features(scores[width].atp, scores[width].fired, n_features, gen)
             real = [
                 _real_effect(
-                    lm, layer, ids, clean, fires[:, i], zero_feature(sae, i), threshold, batch_size
+                    lm,
+                    layer,
+                    ids,
+                    hidden,
+                    clean,
+                    fires[:, i],
+                    zero_feature(sae, i),
+                    threshold,
+                    batch_size,
                 )
                 / n_tokens
                 for i in bar(
@@ -139,11 +153,11 @@ def atp_vs_ablation(
     }
 
 
-def _real_effect(lm, layer, ids, clean, fires, edit, threshold, batch_size) -> float:
+def _real_effect(lm, layer, ids, hidden, clean, fires, edit, threshold, batch_size) -> float:
     """Sum over the sequences where the feature fires of |loss(ablated) - loss(clean)|."""
     seqs, total = fires.nonzero()[:, 0], 0.0
     for b in seqs.split(batch_size) if len(seqs) else ():
-        ablated = sequence_losses(lm, layer, ids[b], edit, threshold)
+        ablated = sequence_losses(lm, layer, ids[b], edit, threshold, hidden[b])
         total += float((ablated - clean[b]).abs().sum())
     return total
 

@@ -17,6 +17,7 @@ import inspect
 import itertools
 import random
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import NamedTuple
 
@@ -28,7 +29,7 @@ from ..harvest.store import Store
 from ..measures.score import Scores
 from ..measures.splice import zero_feature
 from ..measures.stats import wilson_95
-from ..model.hooks import editable, edited_block, tap_blocks
+from ..model.hooks import editable, edited_block, starting_above, tap_blocks
 from ..model.load import LoadedModel
 from ..paper import TASK_RECOVERY
 from ..progress import bar as progress_bar
@@ -163,18 +164,23 @@ def logit_diffs(
     group: Group,
     edit: Callable[[torch.Tensor], torch.Tensor],
     threshold: float,
+    hidden: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """_diffs with block `layer`'s output replaced by edit(h) where a real ablation edits."""
-    with edited_block(lm, layer, edit, threshold):
+    """_diffs with block `layer`'s output replaced by edit(h) where a real ablation edits;
+    given `hidden`, that block's clean output for these prompts, only the blocks above
+    it run."""
+    above = nullcontext() if hidden is None else starting_above(lm, layer, hidden)
+    with above, edited_block(lm, layer, edit, threshold):
         return _diffs(lm, group).cpu()
 
 
 def _clean_pass(lm: LoadedModel, layer: int, group: Group):
-    """Per prompt the clean logit difference; block `layer`'s output h and its gradient."""
+    """Per prompt the clean logit difference; block `layer`'s output h (in the model's
+    dtype) and its gradient."""
     with torch.enable_grad(), tap_blocks({layer: lm.layers[layer]}, "leaf") as captured:
         diffs = _diffs(lm, group)
         (grad,) = torch.autograd.grad(diffs.sum(), captured[layer])
-    return diffs.detach().cpu(), captured[layer].detach().float(), grad.float()
+    return diffs.detach().cpu(), captured[layer].detach(), grad.float()
 
 
 @torch.no_grad()
@@ -211,8 +217,11 @@ def _task_recovery(
     clean = torch.zeros(n, dtype=torch.float64, device="cpu")
     fires = torch.zeros(n, width, dtype=torch.bool, device="cpu")
     linear = torch.zeros(width, dtype=torch.float64, device="cpu")  # sum of f (g.d)
+    hidden = []  # per group, block L's clean output: the ablations run only the blocks above
     for group in groups:
-        diffs, h, g = _clean_pass(lm, layer, group)
+        diffs, h_model, g = _clean_pass(lm, layer, group)
+        hidden.append(h_model)
+        h = h_model.float()
         clean[group.index] = diffs
         mask = editable(h, threshold)
         f = torch.zeros(*mask.shape, width, device=h.device)
@@ -228,13 +237,12 @@ def _task_recovery(
     effects = []
     for i in progress_bar(evaluated.tolist(), desc="task ablations", enabled=progress, leave=False):
         edit, total = zero_feature(sae, i), 0.0
-        for group in groups:
+        for group, h in zip(groups, hidden, strict=True):
             rows = fires[group.index, i]
             if rows.any():
                 sub = Group(*(t[rows] for t in group))
-                total += float(
-                    (logit_diffs(lm, layer, sub, edit, threshold) - clean[sub.index]).sum()
-                )
+                diffs = logit_diffs(lm, layer, sub, edit, threshold, h[rows.to(h.device)])
+                total += float((diffs - clean[sub.index]).sum())
         effects.append(total / n)
 
     rank = torch.empty(width, dtype=torch.long, device="cpu")

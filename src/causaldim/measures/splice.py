@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..devices import placed
-from ..model.hooks import edited_block
+from ..model.hooks import edited_block, starting_above
 from ..model.load import LoadedModel
 from ..sae import SAE
 
@@ -45,11 +45,14 @@ def sequence_losses(
     ids: torch.Tensor,
     edit: Callable[[torch.Tensor], torch.Tensor] | None,
     threshold: float,
+    hidden: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[batch] summed next-token loss over every prediction (the loss the store's g is the
-    gradient of), with block `layer`'s output replaced by edit(h) where editable."""
+    gradient of), with block `layer`'s output replaced by edit(h) where editable. Given
+    `hidden`, block `layer`'s clean output for these ids, only the blocks above it run."""
     ids = ids.to(lm.device)
-    with edited_block(lm, layer, edit, threshold):
+    above = starting_above(lm, layer, hidden.to(lm.device)) if hidden is not None else nullcontext()
+    with above, edited_block(lm, layer, edit, threshold):
         logits = lm.model(input_ids=ids, use_cache=False).logits
     # float64: a feature's effect is a small difference of two sums of ~seq_len losses
     losses = F.cross_entropy(logits[:, :-1].transpose(1, 2).double(), ids[:, 1:], reduction="none")

@@ -3,6 +3,7 @@ model pass), and editing block L's output where an ablation or a splice may edit
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from contextlib import contextmanager
 
@@ -87,3 +88,57 @@ def edited_block(
         yield
     finally:
         handle.remove()
+
+
+@contextmanager
+def starting_above(lm: LoadedModel, layer: int, hidden: torch.Tensor):
+    """While inside, a forward does not compute blocks 0..layer: the lower ones pass their
+    input through and block `layer` outputs `hidden` (its output for the ids the forward
+    is given, from an earlier forward), so only the blocks above it and the head run. Its
+    forward hooks (edited_block's edit) still apply to that output."""
+    blocks = lm.layers[: layer + 1]
+
+    def skipped(i: int, returns_tuple: bool):
+        def forward(hidden_states, *args, **kwargs):
+            out = hidden if i == layer else hidden_states
+            return (out,) if returns_tuple else out
+
+        return forward
+
+    returns_tuple = _returns_tuple(lm, layer)
+    for i, block in enumerate(blocks):
+        block.forward = skipped(i, returns_tuple)
+    try:
+        yield
+    finally:
+        for block in blocks:
+            del block.forward
+
+
+_RETURNS_TUPLE: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
+
+
+def _returns_tuple(lm: LoadedModel, layer: int) -> bool:
+    """Whether the model's blocks return (hidden, ...) rather than hidden (it varies by
+    architecture and transformers version): one token through the blocks up to `layer`,
+    once per model."""
+    if lm.model in _RETURNS_TUPLE:
+        return _RETURNS_TUPLE[lm.model]
+    seen: list[bool] = []
+
+    def hook(module, args, output):
+        seen.append(isinstance(output, tuple))
+        raise StopForward
+
+    handle = lm.layers[layer].register_forward_hook(hook)
+    try:
+        with torch.no_grad():
+            lm.model(
+                input_ids=torch.zeros(1, 1, dtype=torch.long, device=lm.device), use_cache=False
+            )
+    except StopForward:
+        pass
+    finally:
+        handle.remove()
+    _RETURNS_TUPLE[lm.model] = seen[0]
+    return seen[0]
