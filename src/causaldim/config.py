@@ -177,6 +177,12 @@ class AnalysisConfig:
         "report shows the other beside it.",
         choices=ATP_NORMALISATIONS,
     )
+    min_firings: int = _opt(
+        20,
+        "Under the firing-token AtP reading, features that fire on fewer eval tokens than "
+        "this are too rare to score: counted apart, never causal (one or two firings would "
+        "score a feature by its largest single effect).",
+    )
     include_outliers: bool = _opt(False, "Keep outlier tokens (position 0, huge norms) in.")
     min_samples_per_dim: float = _opt(
         10.0, "Warn when rank-1 samples are fewer than this many times d."
@@ -242,6 +248,8 @@ class AnalysisConfig:
             )
         if self.blocks < 2:
             raise UsageError(f"--blocks must be at least 2, got {self.blocks}")
+        if self.min_firings < 1:
+            raise UsageError(f"--min-firings must be at least 1, got {self.min_firings}")
         if self.bootstrap < 0:
             raise UsageError(f"--bootstrap must be >= 0, got {self.bootstrap}")
         if self.profile_blocks < 2:

@@ -35,6 +35,7 @@ def test_counts_and_wedge():
     assert per_width[4] == {
         "n_repr": 3,
         "n_causal": 2,
+        "n_too_rare": 0,
         "inert_fraction": pytest.approx(1 / 3),
         "mean_l0": 4.0,
     }
@@ -134,3 +135,47 @@ def test_replicates_put_the_trainings_variance_into_the_intervals():
     )
     assert set(both["n_causal"][:, 1]) == {5.0, 20.0}
     assert (both["n_causal"][:, 0] == 2).all()  # the reference is calibrated as before
+
+
+def firing_scores(sums, fired) -> Scores:
+    """One block of 1,000 tokens: per feature its summed |f (g . d)| and eval firings."""
+    return Scores(
+        torch.tensor([sums], dtype=torch.float64),
+        torch.tensor([fired], dtype=torch.float64),
+        torch.tensor([1000]),
+        torch.tensor([4000]),
+    )
+
+
+def test_a_feature_with_one_huge_firing_is_not_causal_under_the_firing_reading():
+    # feature 0: one firing of effect 50; feature 1: 40 firings of mean effect 2
+    s = firing_scores([50.0, 80.0, 0.0], [1, 40, 0])
+    unfloored = s.normalised("firing", min_firings=1)
+    assert unfloored.atp.tolist() == [50.0, 2.0, 0.0]  # scored by its single largest effect
+    floored = s.normalised("firing", min_firings=20)
+    assert floored.atp.tolist() == [0.0, 2.0, 0.0]
+    assert floored.too_rare.tolist() == [True, False, False]
+    assert not s.normalised("all", min_firings=20).too_rare.any()  # the floor is the firing's
+    assert counts({3: floored}, epsilon=1.0)[3]["n_causal"] == 1
+    assert counts({3: unfloored}, epsilon=1.0)[3]["n_causal"] == 2
+
+
+def test_the_counts_with_and_without_the_floor_on_a_hand_made_table():
+    # eight features: firings and summed effects (mean effect = sum / firings)
+    fired = [1, 2, 5, 19, 20, 25, 100, 0]
+    means = [9.0, 8.0, 7.0, 6.0, 0.5, 3.0, 1.5, 0.0]
+    s = firing_scores([m * f for m, f in zip(means, fired, strict=True)], fired)
+    without = counts({8: s.normalised("firing", 1)}, epsilon=1.0)[8]
+    with_floor = counts({8: s.normalised("firing", 20)}, epsilon=1.0)[8]
+    assert without["n_causal"] == 6 and without["n_too_rare"] == 0
+    assert with_floor["n_causal"] == 2  # 25 firings at 3.0 and 100 at 1.5
+    assert with_floor["n_too_rare"] == 4  # 1, 2, 5 and 19 firings
+    assert with_floor["n_repr"] == without["n_repr"] == 7  # all that fire still count as firing
+    assert with_floor["inert_fraction"] == pytest.approx(1 / 3)  # of the 3 scored, 1 is inert
+
+
+def test_the_floor_applies_to_each_resample_counts():
+    s = firing_scores([50.0, 80.0], [1, 40]).normalised("firing", 20)
+    atp, fired = s.resample(torch.tensor([30.0]))  # the one block drawn 30 times
+    assert fired.tolist() == [30.0, 1200.0]
+    assert atp.tolist() == [50.0, 2.0]  # 30 firings clear the floor in this resample

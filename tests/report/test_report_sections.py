@@ -496,8 +496,8 @@ def test_headline_quotes_the_fits_the_direct_estimates_and_the_wedge():
     assert (
         "- The wedge over x4 in width: N_repr grows x3.78 (log-log slope 0.96), N_causal "
         "x7.34 [5.90, 8.80] (log-log slope 1.44); at the widest SAE 92.1% of firing features "
-        "fall below epsilon. With AtP averaged over the firing tokens instead of the all "
-        "ones, N_causal grows x7.34 (82 -> 234 -> 602)."
+        "fall below epsilon. With AtP averaged over the firing tokens (features with 1+ eval "
+        "firings) instead of the all tokens, N_causal grows x7.34 (82 -> 234 -> 602)."
     ) in md
     assert "kappa_SAE" not in md and "v v^T" not in md  # a plug-in: not in the headline
 
@@ -524,8 +524,8 @@ def test_beside_paper_sets_each_number_of_the_run_beside_the_papers():
         "| N_repr growth | x3.78 | x15.6 |",
         "| reference width / d | 1.78 | 7.1 |",
         "| widest width / d | 7.1 | 455 |",
-        "| N_causal growth (AtP over all tokens) | x7.34 | x4.35 |",
-        "| N_causal growth (AtP over firing tokens) | x7.34 |  |",
+        "| N_causal growth (AtP over all tokens) | x7.34 [5.90, 8.80] | x4.35 |",
+        "| N_causal growth (AtP over firing tokens (features with 1+ eval firings)) | x7.34 |  |",
         "| firing features below epsilon (widest SAE) | 92.1% | 97.9% |",
         "| total attribution A / epsilon (Markov ceiling on N_causal), widest | 462 |  |",
         "| kappa_hat [95% CI] | 433 [311, 698] | 1,990 [545, 5,130] |",

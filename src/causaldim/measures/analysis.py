@@ -60,7 +60,7 @@ def analyze(
     boot = None
     if cfg.bootstrap:
         boot = resampled_counts(scores, reference, cfg.percentile, cfg.bootstrap, seed, replicates)
-    other = sensitivity(scores, reference, cfg.percentile)
+    other = sensitivity(scores, reference, cfg.percentile, min(cfg.bootstrap, 100), seed)
     rows = []
     for j, m in enumerate(widths):
         ev = evals.get(m, {})
@@ -105,6 +105,9 @@ def analyze(
         "reference_width": reference,
         "percentile": cfg.percentile,
         "normalisation": scores[reference].normalisation,
+        "min_firings": scores[reference].min_firings
+        if scores[reference].normalisation == "firing"
+        else None,
         "seeds": 1 + max((len(r) for r in (replicates or {}).values()), default=0),
         "epsilon": epsilon,
         "epsilon_95": [] if boot is None else interval_95(boot["epsilon"]),
@@ -141,19 +144,28 @@ def analyze(
     }
 
 
-def sensitivity(scores: dict[int, Scores], reference: int, percentile: float) -> dict:
+def sensitivity(
+    scores: dict[int, Scores], reference: int, percentile: float, resamples: int, seed: int = 0
+) -> dict:
     """The counts under the other AtP normalisation, calibrated the same way: free from
-    the same scores, so the report always shows how much the choice moves the wedge."""
+    the same scores, so the report always shows how much the choice moves the wedge; with
+    its growth's bootstrap interval, and the features each width loses to the floor of the
+    firing reading."""
     other = next(n for n in ATP_NORMALISATIONS if n != scores[reference].normalisation)
     rescored = {m: s.normalised(other) for m, s in scores.items()}
     epsilon = calibrate(rescored[reference].atp, percentile)
     per_width = counts(rescored, epsilon)
     n_causal = [per_width[m]["n_causal"] for m in sorted(scores)]
+    boot = resampled_counts(rescored, reference, percentile, resamples, seed) if resamples else None
     return {
         "normalisation": other,
+        "min_firings": scores[reference].min_firings if other == "firing" else None,
         "epsilon": epsilon,
         "n_causal": n_causal,
+        "n_causal_95": [] if boot is None else [interval_95(c) for c in boot["n_causal"].T],
+        "n_too_rare": [per_width[m]["n_too_rare"] for m in sorted(scores)],
         "n_causal_growth": n_causal[-1] / n_causal[0] if n_causal[0] else None,
+        "n_causal_growth_95": _growth_interval(boot),
     }
 
 

@@ -17,16 +17,19 @@ def calibrate(reference_atp: torch.Tensor, percentile: float = 98.0) -> float:
 
 
 def counts(scores: dict[int, Scores], epsilon: float) -> dict[int, dict]:
-    """Per width: N_repr (fired at least once), N_causal (AtP > epsilon), the inert
-    fraction (firing but below epsilon) and mean L0."""
+    """Per width: N_repr (fired at least once), N_causal (AtP > epsilon), the features
+    too rare to score (under the firing normalisation), the inert fraction (scored, firing
+    but below epsilon) and mean L0."""
     out = {}
     for width, s in sorted(scores.items()):
         causal = s.atp > epsilon
-        firing = s.fired > 0
+        rare = s.too_rare
+        scored = (s.fired > 0) & ~rare
         out[width] = {
-            "n_repr": int(firing.sum()),
+            "n_repr": int((s.fired > 0).sum()),
             "n_causal": int(causal.sum()),
-            "inert_fraction": float((firing & ~causal).sum()) / max(int(firing.sum()), 1),
+            "n_too_rare": int(rare.sum()),
+            "inert_fraction": float((scored & ~causal).sum()) / max(int(scored.sum()), 1),
             "mean_l0": s.mean_l0,
         }
     return out

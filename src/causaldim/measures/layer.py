@@ -94,7 +94,7 @@ def measure_layer(
         for e in [*entries, *replicates]
     ]
     scored = [
-        load_scores(p).normalised(analysis_cfg.atp_normalisation)
+        load_scores(p).normalised(analysis_cfg.atp_normalisation, analysis_cfg.min_firings)
         for p in executor.map(score_job, jobs, "AtP scores", progress)
     ]
     again: dict[str, dict[int, list[Scores]]] = {}

@@ -8,7 +8,8 @@ Sums are kept per block of eval sequences, so that the counts can be bootstrappe
 
 Two normalisations of the same sums (config.ATP_NORMALISATIONS): "all", the mean over every scored
 token (the paper's formula as written: a feature that fires rarely scores low), and
-"firing", the mean over the tokens where the feature fires (its effect when present).
+"firing", the mean over the tokens where the feature fires (its effect when present), for
+features that fire at least min_firings times (the rest are too rare to score).
 """
 
 from __future__ import annotations
@@ -42,9 +43,12 @@ class Scores(NamedTuple):
     # 64 of them at d = 2,304 would be 2.7 GB); empty if not scored
     vv_sums: torch.Tensor = torch.zeros(0)
     normalisation: str = "all"  # what `atp` divides the sums by (not saved: a reading)
+    # under "firing": a feature with fewer eval firings has no AtP (0; too rare to score)
+    min_firings: int = 1
 
-    def normalised(self, normalisation: str) -> Scores:
-        return self._replace(normalisation=normalisation)
+    def normalised(self, normalisation: str, min_firings: int | None = None) -> Scores:
+        floor = self.min_firings if min_firings is None else min_firings
+        return self._replace(normalisation=normalisation, min_firings=floor)
 
     @property
     def n_tokens(self) -> int:
@@ -53,8 +57,17 @@ class Scores(NamedTuple):
     @property
     def atp(self) -> torch.Tensor:
         """[width] mean |f_i (g . d_i)| over the scored tokens, or over those where
-        feature i fires (normalisation "firing"; 0 where it never does)."""
+        feature i fires (normalisation "firing"; 0 where it fires fewer than min_firings
+        times: one or two firings would score a feature by its largest single effect)."""
         return self.resample()[0]
+
+    @property
+    def too_rare(self) -> torch.Tensor:
+        """[width] bool: fires, but too rarely to be scored (normalisation "firing" only)."""
+        fired = self.fired
+        if self.normalisation != "firing":
+            return torch.zeros(len(fired), dtype=torch.bool, device=fired.device)
+        return (fired > 0) & (fired < self.min_firings)
 
     @property
     def fired(self) -> torch.Tensor:
@@ -76,7 +89,8 @@ class Scores(NamedTuple):
         w = weights.double()
         fired = w @ self.fired_counts.to(w.dtype)  # no copy: scoring stores float64
         if self.normalisation == "firing":
-            return (w @ self.atp_sums) / fired.clamp_min(1.0), fired
+            atp = (w @ self.atp_sums) / fired.clamp_min(1.0)
+            return atp.masked_fill(fired < self.min_firings, 0.0), fired
         return (w @ self.atp_sums) / max(float(w @ self.tokens.double()), 1.0), fired
 
 
@@ -124,7 +138,9 @@ def atp_scores(sae: SAE, store: Store, blocks: int = 32, batch_tokens: int = 409
 
 
 def save_scores(scores: Scores, path: Path) -> None:
-    tensors = {k: v for k, v in scores._asdict().items() if k != "normalisation"}
+    tensors = {
+        k: v for k, v in scores._asdict().items() if k not in ("normalisation", "min_firings")
+    }
     atomic_write_bytes(path, safetensors.torch.save(tensors))
 
 

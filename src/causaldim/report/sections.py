@@ -141,14 +141,48 @@ def headline(doc: Doc, results: dict) -> None:
         f"{growth(w['n_causal_growth'])} {ci(w.get('n_causal_growth_95'), 2)} "
         f"({slope(w, 'n_causal')}); at the widest SAE "
         f"{pct(a['per_width'][-1]['inert_fraction'])} of firing features fall below epsilon. "
-        f"With AtP averaged over the {other['normalisation']} tokens instead of the "
-        f"{a['normalisation']} ones, N_causal grows {growth(other['n_causal_growth'])} "
-        f"({' -> '.join(map(str, other['n_causal']))})."
+        f"With AtP averaged over the {reading(other)} instead of the "
+        f"{reading(a)}, N_causal grows {growth_ci(other)} "
+        f"({' -> '.join(map(str, other['n_causal']))})"
+        + rare_text(other, a)
+        + "."
     )
     doc.ul(items)
     if a["warnings"]:
         doc.h(3, "Read with care")
         doc.ul(a["warnings"])
+
+
+def reading(a: dict) -> str:
+    """Which AtP normalisation a count used, with its floor: "firing tokens (features with
+    20+ eval firings)"."""
+    if a["normalisation"] != "firing":
+        return f"{a['normalisation']} tokens"
+    return f"firing tokens (features with {a.get('min_firings') or 1}+ eval firings)"
+
+
+def growth_ci(counted: dict) -> str:
+    """N_causal's growth, with its bootstrap interval where there is one."""
+    interval = counted.get("n_causal_growth_95")
+    return growth(counted["n_causal_growth"]) + (f" {ci(interval, 2)}" if interval else "")
+
+
+def rare_text(counted: dict, a: dict) -> str:
+    """How many features each width loses to the firing reading's floor (counted: the
+    sensitivity's counts), and whether the widest SAE's median feature clears it."""
+    rare = counted.get("n_too_rare") or []
+    if counted.get("normalisation") != "firing" or not any(rare):
+        return ""
+    median = a["per_width"][-1].get("median_firings_eval")
+    floor = counted.get("min_firings") or 1
+    clears = (
+        ""
+        if median is None
+        else f"; the widest SAE's median feature fires {num(median)} times in eval, "
+        + ("clearing" if median >= floor else "below")
+        + " the floor"
+    )
+    return f"; too rare to score, per width: {' / '.join(f'{n:,}' for n in rare)}{clears}"
 
 
 def slope(w: dict, key: str) -> str:
@@ -195,13 +229,13 @@ def beside_paper(doc: Doc, results: dict) -> None:
             ["width ratio of the sweep", f"x{w['width_ratio']:g}", f"x{paper['width_ratio']}"],
             ["N_repr growth", f"{growth(w['n_repr_growth'])}", f"x{paper['n_repr_growth']}"],
             [
-                f"N_causal growth (AtP over {a['normalisation']} tokens)",
-                f"{growth(w['n_causal_growth'])}",
+                f"N_causal growth (AtP over {reading(a)})",
+                f"{growth(w['n_causal_growth'])} {ci(w.get('n_causal_growth_95'), 2)}",
                 f"x{paper['n_causal_growth']}",
             ],
             [
-                f"N_causal growth (AtP over {other['normalisation']} tokens)",
-                growth(other["n_causal_growth"]),
+                f"N_causal growth (AtP over {reading(other)})",
+                growth_ci(other),
                 "",
             ],
             [
@@ -263,6 +297,7 @@ def sweeps(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
                 "N_repr 95%",
                 "N_causal",
                 "N_causal 95%",
+                *(["too rare"] if arch_results["normalisation"] == "firing" else []),
                 "inert",
                 "L0",
                 "FVE",
@@ -276,6 +311,11 @@ def sweeps(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
                     ci(r.get("n_repr_95")),
                     f"{r['n_causal']:,}",
                     ci(r.get("n_causal_95")),
+                    *(
+                        [f"{r.get('n_too_rare', 0):,}"]
+                        if arch_results["normalisation"] == "firing"
+                        else []
+                    ),
                     pct(r["inert_fraction"]),
                     num(r["l0"]),
                     num(r["fraction_variance_explained"], 3),
