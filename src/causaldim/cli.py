@@ -308,7 +308,7 @@ def _print_plan(the_plan, sweep_cfg, analysis_cfg, imports: list[dict]) -> None:
     if len(the_plan.store_dirs) > 1:
         print(
             f"depth: layers {', '.join(map(str, the_plan.store_dirs))} in the same pass, each "
-            "with its own store and sweep (not in the estimate below)"
+            "with its own store and sweep (their stages are the estimate's control.depth)"
         )
     if imports:  # their widths make the sweep; the estimates below still use --widths
         names = "; ".join(f"{i.get('id') or i['path']} ({i['site']})" for i in imports)

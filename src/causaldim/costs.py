@@ -23,12 +23,25 @@ from .model.load import decoder_layers, skeleton
 EFFICIENCY = 0.6
 CORRECTION_STEPS = 10  # the deconvolution settles in about this many steps (measured)
 PLUG_IN_EIGS = 8  # per reading: the estimate, its split halves and its convergence curve
-# FLOPs of one d x d eigendecomposition, in units of d^3 at the matmul speed: measured
-# 12.7 ms (float32) and 21 ms (float64) at d = 576 on one core of the 2-core CPU, run
-# side by side on every core (threads.parallel_map), so the whole machine's speed applies.
-EIG_D3 = 3.5
+# FLOPs of one d x d eigendecomposition, in units of d^3 at the matmul speed: 12.7 ms
+# (float32) and 21 ms (float64) at d = 576 on one core of the 2-core CPU, run side by side
+# on every core (threads.parallel_map), give 3.5-6; the sigma stage of the smoke and
+# default runs (14 s and 17 s, benchmarks/busy.py) took about 8.5 with the deconvolution's
+# real step counts and the Python between the steps.
+EIG_D3 = 8.5
 TASK_PROMPT_TOKENS = 12  # a generated agreement prompt, about (controls/task.py)
 TASK_FEATURES = 96  # at most this many features really ablated (controls/task.py)
+# The share of the prompts an evaluated feature fires on (it is ablated only there):
+# about a quarter in the smoke run's task control (measured 31 s with the whole forward).
+TASK_FIRING_SHARE = 0.25
+# Seconds that are not matmuls, measured on the 2-core CPU: Python, the imports and the
+# plan before the first stage; the report and its figures; one step of the synthetic
+# control's toy SAEs (thousands of small steps, each dominated by its overhead).
+START_SECONDS = 6.0
+LOAD_BYTES_PER_SECOND = 400e6  # reading the model's weights
+REPORT_SECONDS = 2.0
+REPORT_SECONDS_PER_CONTROL = 0.3
+SYNTHETIC_STEP_SECONDS = 0.003
 STORE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 EXTRA_BYTES_PER_TOKEN = 4 + 4 + 4 + 1  # token, pos, seq, outlier
 
@@ -63,6 +76,7 @@ def parameter_counts(the_plan: Plan) -> dict[str, int]:
         "through_layer": sum(blocks[: the_plan.layer + 1]),
         "above_layer": sum(blocks[the_plan.layer + 1 :]),
         "head": head.weight.numel() if head is not None else 0,
+        "per_block": blocks,
     }
 
 
@@ -108,35 +122,41 @@ def control_flops(
     the_plan: Plan, sweep: SweepConfig, analysis: AnalysisConfig, layer_flops: dict
 ) -> dict[str, float]:
     """The controls that cost more than a few seconds: the real ablations (a forward of
-    the whole model per feature over the sequences it is ablated on), the task control's
-    ablations on short prompts, the depth control's other layers (each measured as the
-    run's layer is: `layer_flops`), and the synthetic toy's own measurement."""
-    from .controls.synthetic import SyntheticSpec, synthetic_sweep
+    the blocks above L and the head per feature over the sequences it is ablated on), the
+    task control's clean passes and ablations on short prompts, and the depth control's
+    other layers (each measured as the run's layer is: `layer_flops`). The synthetic
+    control is counted in steps (synthetic_steps)."""
 
     cfg, params = the_plan.config, parameter_counts(the_plan)
+    # Both start from block L's cached clean output: only the blocks above it and the head
+    # run for each ablation (the task control's head, for one position only).
+    above = 2 * (params["above_layer"] + params["head"])
     model = 2 * (params["through_layer"] + params["above_layer"] + params["head"])
     picked = set(analysis.selected_controls())
     out = {}
     if "ablation" in picked:
         features = 1 + analysis.ablation_features * len(sweep.widths)
-        out["control.ablation"] = model * features * analysis.ablation_sequences * cfg.seq_len
+        out["control.ablation"] = above * features * analysis.ablation_sequences * cfg.seq_len
     if "task" in picked:
-        out["control.task"] = (
-            3 * model * (1 + TASK_FEATURES) * analysis.task_prompts * (TASK_PROMPT_TOKENS)
+        tokens = analysis.task_prompts * TASK_PROMPT_TOKENS
+        out["control.task"] = 3 * model * tokens + 2 * params["above_layer"] * tokens * (
+            TASK_FEATURES * TASK_FIRING_SHARE
         )
     if "depth" in picked:
         out["control.depth"] = (len(the_plan.store_dirs) - 1) * sum(
             layer_flops[k] for k in ("sigma", "sweep", "scores", "analysis")
         )
-    if "synthetic" in picked:
-        spec = SyntheticSpec()
-        toy = synthetic_sweep(sweep, spec.d)
-        out["control.synthetic"] = (
-            4 * spec.d * sum(toy.widths) * spec.train_tokens * toy.epochs
-            + correction_flops(spec.eval_tokens, spec.d, 1)
-            + analysis_flops(spec.d, len(toy.widths))
-        )
     return out
+
+
+def synthetic_steps(sweep: SweepConfig) -> int:
+    """The synthetic control's toy SAE steps: its cost on a CPU is their overhead."""
+    from .controls.synthetic import SyntheticSpec, synthetic_sweep
+
+    spec = SyntheticSpec()
+    toy = synthetic_sweep(sweep, spec.d)
+    steps_per_width = -(-spec.train_tokens * toy.epochs // toy.batch_tokens)
+    return steps_per_width * len(toy.widths)
 
 
 def estimate(
@@ -150,18 +170,26 @@ def estimate(
     n_train, n_eval = len(the_plan.splits.train) * seq, len(the_plan.splits.eval) * seq
     params = parameter_counts(the_plan)
     up, above = params["through_layer"], params["above_layer"] + params["head"]
+    # with other layers tapped (control 'depth'), the train pass runs up to the highest and
+    # the eval pass's backwards down to the lowest
+    lowest, highest = min(the_plan.store_dirs), max(the_plan.store_dirs)
+    up_train = sum(params["per_block"][: highest + 1])
     probes = 2 * cfg.logit_probes + cfg.fisher_probes  # backwards: two per Gaussian probe
     n_saes = len(sweep.widths) * len(sweep.architectures)
     width_sum = sum(sweep.widths) * len(sweep.architectures)
     # loss, logits and logits_uncentred, fisher
     direct = 1 + 2 * min(cfg.logit_probes, 1) + min(cfg.fisher_probes, 1)
     # the eval pass: a full forward, then one backward from the loss and one per probe,
-    # down to L only (or on to block 0 for the profile)
-    backward = (up + above) if analysis.profile else above
+    # down to L only (or on to block 0 for the profile); only the centred logit probes
+    # go back through the head, the rest start below it after one p W product (model_pass)
+    blocks_above = sum(params["per_block"][lowest + 1 :])
+    backward = (up + blocks_above) if analysis.profile else blocks_above
+    head_products = cfg.logit_probes + 1
     sums = 4 * 2 * n_eval * d * d * (1 + probes / 2)  # every reading's sum of u u^T
     flops = {
-        "harvest_train": 2 * up * n_train,
-        "harvest_eval": 2 * (up + above) * n_eval + (1 + probes) * 2 * backward * n_eval,
+        "harvest_train": 2 * up_train * n_train,
+        "harvest_eval": 2 * (up + above) * n_eval
+        + ((1 + probes) * backward + head_products * params["head"]) * 2 * n_eval,
         "sigma": sums
         + (1 + direct) * PLUG_IN_EIGS * EIG_D3 * d**3
         + correction_flops(n_eval, d, direct),
@@ -183,11 +211,18 @@ def estimate(
         )
     speed = (flops_per_second or matmul_flops_per_second(cfg.dtype, cfg.device)) * EFFICIENCY
     seconds = {k: v / speed for k, v in flops.items()}
+    weight_bytes = the_plan.pass_memory.weights
+    seconds = {"start": START_SECONDS + weight_bytes / LOAD_BYTES_PER_SECOND, **seconds}
+    if "synthetic" in analysis.selected_controls():
+        seconds["control.synthetic"] = synthetic_steps(sweep) * SYNTHETIC_STEP_SECONDS
+    seconds["report"] = REPORT_SECONDS + REPORT_SECONDS_PER_CONTROL * len(
+        analysis.selected_controls()
+    )
     if not the_plan.source.converted and the_plan.source.gguf_origin:
         seconds["convert_gguf_once"] = 45.0  # measured for SmolLM2-135M on 2 CPU cores
     return {
         "tokens": {"train": n_train, "eval": n_eval},
-        "parameters": params,
+        "parameters": {k: v for k, v in params.items() if k != "per_block"},
         "saes": n_saes,
         "disk_bytes": disk_bytes(the_plan, sweep),
         "memory": memory_plan(the_plan, sweep, analysis),

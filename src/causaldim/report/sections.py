@@ -143,9 +143,7 @@ def headline(doc: Doc, results: dict) -> None:
         f"{pct(a['per_width'][-1]['inert_fraction'])} of firing features fall below epsilon. "
         f"With AtP averaged over the {reading(other)} instead of the "
         f"{reading(a)}, N_causal grows {growth_ci(other)} "
-        f"({' -> '.join(map(str, other['n_causal']))})"
-        + rare_text(other, a)
-        + "."
+        f"({' -> '.join(map(str, other['n_causal']))})" + rare_text(other, a) + "."
     )
     doc.ul(items)
     if a["warnings"]:
