@@ -50,6 +50,9 @@ def test_starting_above_block_l_gives_the_full_forward_losses(tiny_model, family
         full = sequence_losses(lm, layer, ids, edit, threshold)
         above = sequence_losses(lm, layer, ids, edit, threshold, hidden)
         assert torch.allclose(above, full, rtol=1e-5), (family, edit)
+        spliced, n = spliced_loss(lm, layer, ids, edit, threshold)
+        spliced_above, n_above = spliced_loss(lm, layer, ids, edit, threshold, hidden)
+        assert n_above == n and abs(spliced_above - spliced) <= 1e-5 * abs(spliced)
     assert not torch.allclose(
         sequence_losses(lm, layer, ids, halve, threshold),
         sequence_losses(lm, layer, ids, None, threshold),

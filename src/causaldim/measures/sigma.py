@@ -322,7 +322,8 @@ def estimate(
         curve,
         "; ".join(warnings) or None,
         effective,
-        n_independent=None if fix is None else fix.n_independent,
+        # never above n_eff, which it equals where nothing correlates (float rounding aside)
+        n_independent=None if fix is None else min(fix.n_independent, effective),
         converged=None if fix is None else fix.converged,
         eval_tokens_needed=needed,
         correlation=None if fix is None else fix.correlation,

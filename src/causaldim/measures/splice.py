@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..devices import placed
+from ..harvest.model_pass import residuals_at
 from ..model.hooks import edited_block, starting_above
 from ..model.load import LoadedModel
 from ..sae import SAE
@@ -24,12 +25,15 @@ def spliced_loss(
     ids: torch.Tensor,
     replace: Callable[[torch.Tensor], torch.Tensor] | None,
     threshold: float,
+    hidden: torch.Tensor | None = None,
 ) -> tuple[float, int]:
     """Summed next-token loss over predictions made from non-outlier positions, with
-    block `layer`'s output replaced there by replace(h) (None: unchanged); and their count."""
+    block `layer`'s output replaced there by replace(h) (None: unchanged); and their count.
+    Given `hidden`, block `layer`'s clean output for these ids, only the blocks above run."""
     masks: list[torch.Tensor] = []
     ids = ids.to(lm.device)
-    with edited_block(lm, layer, replace, threshold, masks):
+    above = starting_above(lm, layer, hidden.to(lm.device)) if hidden is not None else nullcontext()
+    with above, edited_block(lm, layer, replace, threshold, masks):
         logits = lm.model(input_ids=ids, use_cache=False).logits
     losses = F.cross_entropy(
         logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten(), reduction="none"
@@ -84,10 +88,13 @@ def ce_loss_recovered(
     replacements.update({name: sae for name, sae in saes.items()})
     totals = dict.fromkeys(replacements, 0.0)
     count = 0
+    batches = list(seqs.split(batch_size))
+    # block L's clean output, once: every replacement then runs only the blocks above it
+    hidden = [residuals_at(lm, (layer,), b)[layer] for b in batches]
     for name, fn in replacements.items():  # one SAE at a time on the model's device
         with placed(fn, lm.device) if isinstance(fn, torch.nn.Module) else nullcontext():
-            for start in range(0, len(seqs), batch_size):
-                loss, n = spliced_loss(lm, layer, seqs[start : start + batch_size], fn, threshold)
+            for b, h in zip(batches, hidden, strict=True):
+                loss, n = spliced_loss(lm, layer, b, fn, threshold, h)
                 totals[name] += loss
                 count += n if name == "clean" else 0  # the same predictions for every one
     means = {k: v / count for k, v in totals.items()}
