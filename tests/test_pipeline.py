@@ -389,3 +389,46 @@ def test_export_writes_saelens_folders_at_the_trained_hook(finished_run, tmp_pat
     assert snapshot(tmp_path / "one") == before
     assert cli.main(["export", str(tmp_path / "nowhere"), str(tmp_path / "x")]) == 2
     assert not (tmp_path / "x").exists()
+
+
+def test_a_lighter_sweep_for_the_controls_own_saes_is_used_and_stated(
+    tmp_path, tiny_model, text_corpus
+):
+    out = tmp_path / "run"
+    args = run_args(tiny_model("llama"), text_corpus, out) + ["--widths", "16", "32", "64"]
+    args += ["--controls", "architectures", "depth", "--control-epochs", "1"]
+    args += ["--control-widths", "16", "32"]
+    assert cli.main(args) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert list(results["sweep"]) == ["topk"]  # the headline's sweep is not widened
+    archs, depth = results["controls"]["architectures"], results["controls"]["depth"]
+    assert [r["architecture"] for r in archs["rows"]] == ["topk", "jumprelu", "relu"]
+    for c in (archs, depth):
+        assert c["control_sweep"] == {"widths": [16, 32], "epochs": 1}
+    assert archs["widths"] == [16, 32] and depth["widths"] == [16, 32]
+    assert sorted(p.name for p in (out / "architectures" / "saes").iterdir()) == [
+        "jumprelu-w16",
+        "jumprelu-w32",
+        "relu-w16",
+        "relu-w32",
+        "topk-w16",
+        "topk-w32",
+    ]
+    report = (out / "report.md").read_text()
+    assert report.count("A lighter sweep than the headline's") == 2
+    assert "trained 1 epoch(s) at widths 16 32" in report
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--control-epochs", "0"], "--control-epochs must be >= 1"),
+        (["--control-widths", "16", "16"], "--control-widths must be distinct"),
+    ],
+)
+def test_bad_control_sweeps_are_refused(tmp_path, tiny_model, text_corpus, capsys, flags, message):
+    out = tmp_path / "run"
+    assert cli.main(run_args(tiny_model("llama"), text_corpus, out) + flags) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not out.exists()

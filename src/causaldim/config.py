@@ -210,6 +210,17 @@ class AnalysisConfig:
             "choices": ("all", *CONTROLS),
         },
     )
+    control_epochs: int | None = _opt(
+        None,
+        "Epochs of the SAEs the depth, scale and architectures controls train of their own "
+        "(default: --epochs): a lighter sweep for them, which their sections state. With "
+        "this or --control-widths, the architectures control trains its three sweeps apart "
+        "instead of widening the headline's.",
+    )
+    control_widths: list[int] = field(
+        default_factory=list,
+        metadata={"help": "Widths of those controls' own sweeps (default: --widths)."},
+    )
     ablation_features: int = _opt(16, "Features per width really ablated (control 'ablation').")
     ablation_sequences: int = _opt(16, "Eval sequences they are ablated on (control 'ablation').")
     task_prompts: int = _opt(64, "Generated subject-verb agreement prompts (control 'task').")
@@ -226,6 +237,11 @@ class AnalysisConfig:
         ".gguf), measured at the same relative depth and with the same sweep.",
     )
 
+    @property
+    def lighter_controls(self) -> bool:
+        """Whether the controls that train SAEs of their own use a sweep of their own."""
+        return self.control_epochs is not None or bool(self.control_widths)
+
     def selected_controls(self) -> list[str]:
         return list(CONTROLS) if "all" in self.controls else list(dict.fromkeys(self.controls))
 
@@ -238,6 +254,14 @@ class AnalysisConfig:
         if min(self.ablation_features, self.ablation_sequences, self.task_prompts) < 1:
             raise UsageError(
                 "--ablation-features, --ablation-sequences and --task-prompts must be >= 1"
+            )
+        if self.control_epochs is not None and self.control_epochs < 1:
+            raise UsageError(f"--control-epochs must be >= 1, got {self.control_epochs}")
+        if any(w < 1 for w in self.control_widths) or len(set(self.control_widths)) != len(
+            self.control_widths
+        ):
+            raise UsageError(
+                f"--control-widths must be distinct positive widths, got {self.control_widths}"
             )
         if any(i < 0 for i in self.depth_layers):
             raise UsageError(f"--depth-layers must be >= 0, got {self.depth_layers}")

@@ -142,10 +142,21 @@ def control_flops(
         out["control.task"] = 3 * model * tokens + 2 * params["above_layer"] * tokens * (
             TASK_FEATURES * TASK_FIRING_SHARE
         )
+    # the controls' own sweeps (depth, architectures): one architecture each, at
+    # --control-widths and --control-epochs where given
+    n_arch = len(sweep.architectures)
+    widths = analysis.control_widths or sweep.widths
+    lighter = (sum(widths) * (analysis.control_epochs or sweep.epochs)) / (
+        sum(sweep.widths) * sweep.epochs
+    )
+    one_sweep = (
+        lighter * layer_flops["sweep"]
+        + len(widths) / len(sweep.widths) * (layer_flops["scores"] + layer_flops["analysis"])
+    ) / n_arch
     if "depth" in picked:
-        out["control.depth"] = (len(the_plan.store_dirs) - 1) * sum(
-            layer_flops[k] for k in ("sigma", "sweep", "scores", "analysis")
-        )
+        out["control.depth"] = (len(the_plan.store_dirs) - 1) * (layer_flops["sigma"] + one_sweep)
+    if "architectures" in picked and analysis.lighter_controls:
+        out["control.architectures"] = 3 * one_sweep
     return out
 
 

@@ -98,7 +98,7 @@ def check(
         )
     for c in chosen:
         if c.widen_sweep is not None:
-            sweep_cfg = c.widen_sweep(sweep_cfg)
+            sweep_cfg = c.widen_sweep(sweep_cfg, analysis_cfg)
     executor_for(sweep_cfg.executor, sweep_cfg.ray_address)  # Ray installed, if asked for
     main = plan(cfg, profile=analysis_cfg.profile, dry_run=dry_run)
     device = torch.device(main.config.device)

@@ -49,10 +49,11 @@ class Control:
     plot: Callable[[dict, Path], Path] | None = None
     per_architecture: bool = True  # runs on the headline architecture, and says so
     trains_own_saes: bool = False  # measures SAEs of its own: not with --sae-paths
+    uses_control_sweep: bool = False  # its own SAEs follow --control-epochs/--control-widths
     # What the control asks of the run before it starts (None: nothing): the SAEs it
     # needs trained; layers harvested in the same pass, from (cfg, n_layers, layer); and
     # another model's harvest, planned beside the run's.
-    widen_sweep: Callable[[SweepConfig], SweepConfig] | None = None
+    widen_sweep: Callable[[SweepConfig, AnalysisConfig], SweepConfig] | None = None
     extra_layers: Callable[[AnalysisConfig, int, int], list[int]] | None = None
     side_plan: Callable[[HarvestConfig, AnalysisConfig, Plan], Plan | None] | None = None
 
@@ -103,18 +104,34 @@ class Context:
         return replace(self.sweep_cfg, architectures=[self.headline])
 
     @cached_property
+    def control_sweep(self) -> SweepConfig:
+        """The sweep of the controls' own SAEs: the headline architecture, with
+        --control-epochs and --control-widths where given."""
+        a = self.analysis_cfg
+        return replace(
+            self.one_architecture,
+            epochs=a.control_epochs or self.sweep_cfg.epochs,
+            widths=sorted(a.control_widths) or self.sweep_cfg.widths,
+        )
+
+    @cached_property
     def without_controls(self) -> AnalysisConfig:
         return replace(self.analysis_cfg, controls=[])
 
-    def measure_other(self, store: Store, folder: Path) -> Measurement:
-        """Another store measured with the headline's settings: one architecture, no
-        controls of its own, SAEs and scores under folder."""
+    def measure_other(
+        self, store: Store, folder: Path, architectures: list[str] | None = None
+    ) -> Measurement:
+        """A store measured with the controls' sweep (the headline architecture, or those
+        given), no controls of its own, SAEs and scores under folder."""
         from ..measures.layer import measure_layer
 
+        sweep = self.control_sweep
+        if architectures is not None:
+            sweep = replace(sweep, architectures=architectures)
         return measure_layer(
             store,
             folder,
-            self.one_architecture,
+            sweep,
             self.without_controls,
             self.seed,
             progress=self.progress,
@@ -140,6 +157,9 @@ def run_controls(
         control = get(name)
         start = time.perf_counter()
         result = control.compute(ctx)
+        if control.uses_control_sweep and ctx.analysis_cfg.lighter_controls:
+            sweep = ctx.control_sweep
+            result["control_sweep"] = {"widths": sweep.widths, "epochs": sweep.epochs}
         if seconds is not None:
             seconds[f"control.{name}"] = time.perf_counter() - start
         out[name] = {"architecture": ctx.headline, **result} if control.per_architecture else result
@@ -172,6 +192,12 @@ def report_controls(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
         if "skipped" in c:
             doc.p(f"Not run: {c['skipped']}.")
             continue
+        if c.get("control_sweep"):
+            own = c["control_sweep"]
+            doc.p(
+                f"A lighter sweep than the headline's: this control's own SAEs trained "
+                f"{own['epochs']} epoch(s) at widths {' '.join(f'{w:,}' for w in own['widths'])}."
+            )
         if f"control_{name}" in figures:
             doc.img(figures[f"control_{name}"], control.title)
         control.section(doc, c)

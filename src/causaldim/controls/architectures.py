@@ -7,13 +7,13 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from ..config import SweepConfig
+from ..config import AnalysisConfig, SweepConfig
 from ..measures.stats import spread
 from ..report.doc import Doc
 from ..report.figures import finish, pyplot
 from ..report.fmt import ci, growth, num
 from ..sae import ARCHITECTURES
-from . import Control
+from . import Context, Control
 
 
 def architecture_invariance(sweep: dict[str, dict]) -> dict:
@@ -109,18 +109,35 @@ def architectures_section(doc: Doc, c: dict) -> None:
     doc.p(text + ".")
 
 
-def every_architecture(sweep: SweepConfig) -> SweepConfig:
-    """The sweep this control needs: every architecture, the requested ones first."""
-    archs = list(dict.fromkeys([*sweep.architectures, *ARCHITECTURES]))
-    return dataclasses.replace(sweep, architectures=archs)
+def all_architectures(sweep: SweepConfig) -> list[str]:
+    """Every architecture, the requested ones first."""
+    return list(dict.fromkeys([*sweep.architectures, *ARCHITECTURES]))
+
+
+def every_architecture(sweep: SweepConfig, analysis: AnalysisConfig) -> SweepConfig:
+    """The sweep this control needs: every architecture; unless the controls have a
+    lighter sweep of their own, where the three are trained apart (_compute)."""
+    if analysis.lighter_controls:
+        return sweep
+    return dataclasses.replace(sweep, architectures=all_architectures(sweep))
+
+
+def _compute(ctx: Context) -> dict:
+    if not ctx.analysis_cfg.lighter_controls:
+        return architecture_invariance(ctx.here.analysis)
+    there = ctx.measure_other(
+        ctx.store, ctx.out / "architectures", all_architectures(ctx.one_architecture)
+    )
+    return architecture_invariance(there.analysis)
 
 
 CONTROL = Control(
     "architectures",
     "Architecture invariance",
-    lambda ctx: architecture_invariance(ctx.here.analysis),
+    _compute,
     architectures_section,
     plot_architectures,
     per_architecture=False,
     widen_sweep=every_architecture,
+    uses_control_sweep=True,
 )

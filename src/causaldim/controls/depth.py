@@ -155,8 +155,11 @@ def _extra_layers(cfg: AnalysisConfig, n_layers: int, layer: int) -> list[int]:
 
 
 def _compute(ctx: Context) -> dict:
-    per_layer = {ctx.plan.layer: (ctx.here.sigma_dicts(), ctx.analysis)}
-    others = [(layer, s) for layer, s in sorted(ctx.stores.items()) if layer != ctx.plan.layer]
+    # With a lighter sweep of its own, the headline layer is measured again with it too,
+    # so that every layer's epsilon and counts come from SAEs trained alike.
+    lighter = ctx.analysis_cfg.lighter_controls
+    per_layer = {} if lighter else {ctx.plan.layer: (ctx.here.sigma_dicts(), ctx.analysis)}
+    others = [(i, s) for i, s in sorted(ctx.stores.items()) if lighter or i != ctx.plan.layer]
     for layer, store in bar(others, desc="depth", enabled=ctx.progress, leave=False):
         there = ctx.measure_other(store, ctx.out / "depth" / f"L{layer}")
         per_layer[layer] = (there.sigma_dicts(), there.analysis[ctx.headline])
@@ -170,5 +173,6 @@ CONTROL = Control(
     depth_section,
     plot_depth,
     trains_own_saes=True,
+    uses_control_sweep=True,
     extra_layers=_extra_layers,
 )

@@ -175,5 +175,6 @@ CONTROL = Control(
     scale_section,
     plot_scale,
     trains_own_saes=True,
+    uses_control_sweep=True,
     side_plan=_side_plan,
 )
