@@ -228,6 +228,23 @@ def _parser(values: dict) -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_compare)
 
     p = sub.add_parser(
+        "claims",
+        parents=[runtime],
+        help="The paper's claims, each with its verdict on one or more finished runs, as "
+        "Markdown (printed, or written to --out).",
+    )
+    p.add_argument(
+        "runs", type=Path, nargs="+", metavar="RUN", help="A run's folder or its results.json."
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="A Markdown file to write: new, or one this command wrote before.",
+    )
+    p.set_defaults(func=_cmd_claims)
+
+    p = sub.add_parser(
         "models", parents=[runtime], help="List the embedded models and the known model families."
     )
     p.set_defaults(func=_cmd_models)
@@ -395,6 +412,14 @@ def _cmd_report(args) -> int:
     print(summary(results))
     for path in render(args.results):
         print(f"wrote: {path}")
+    return 0
+
+
+def _cmd_claims(args) -> int:
+    from .report.render import write_claims
+
+    text = write_claims(args.runs, args.out)
+    print(f"wrote: {args.out}" if args.out else text)
     return 0
 
 

@@ -529,12 +529,12 @@ def test_beside_paper_sets_each_number_of_the_run_beside_the_papers():
         "| firing features below epsilon (widest SAE) | 92.1% | 97.9% |",
         "| total attribution A / epsilon (Markov ceiling on N_causal), widest | 462 |  |",
         "| kappa_hat [95% CI] | 433 [311, 698] | 1,990 [545, 5,130] |",
-        "| kappa_hat / d | 0.75 | 0.86 |",
+        "| kappa_hat / d | 0.75 [0.54, 1.21] | 0.86 |",
         "| kappa_SAE, plug-in (widest) [95% CI] | 127 [118, 136] |  |",
         "| direct kappa (erank, gauge-invariant logits reading, corrected) | 258 [242, 275] |  |",
-        "| kappa_PR (direct, the same reading, U-statistics) | 94.7 | 280 |",
+        "| kappa_PR (direct, the same reading, U-statistics) | 94.7 [87, 103] | 280 |",
         "| coverage at the widest SAE | 69.6% | 72.0% |",
-        "| width for (95%) recovery | 9,880 | 2,600,000 |",
+        "| width for 95% of kappa_hat (features) | 9,880 | 2,600,000 |",
     ):
         assert row in md
 
@@ -703,7 +703,7 @@ def test_missing_values_render_as_na():
     ) in md
     assert "| kappa_PR (direct, the same reading, U-statistics) | n/a | 280 |" in md
     assert "| coverage at the widest SAE | n/a | 72.0% |" in md
-    assert "| width for (95%) recovery | n/a | 2,600,000 |" in md
+    assert "| width for 95% of kappa_hat (features) | n/a | 2,600,000 |" in md
     assert "95% interval [n/a]); 8,192 eval tokens in 32 blocks, 0 bootstrap resamples" in md
     assert "| 1,024 | 1,010 | [n/a] | 41 | [n/a] | 95.9% | n/a | n/a | n/a | n/a |" in md
     assert "| hyperbolic | 433 | [n/a] | 19.87 | 9.87 | 9,880 | n/a |  |" in md
@@ -883,7 +883,7 @@ def test_render_writes_the_reports_and_figures_from_results_json(tmp_path):
     folder = path.parent
     written = render(path)
     figures = [folder / "figures" / f"{k}.png" for k in ("sigma", "wedge_topk", "atp_topk")]
-    tables = [folder / "tables" / f"{k}.csv" for k in ("sigma", "widths", "fits", "saes")]
+    tables = [folder / "tables" / f"{k}.csv" for k in ("sigma", "widths", "fits", "saes", "claims")]
     assert written == [*figures, folder / "report.md", folder / "report.html", *tables]
     for f in figures:
         assert f.read_bytes().startswith(PNG) and f.stat().st_size > 1000

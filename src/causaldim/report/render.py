@@ -59,3 +59,31 @@ def render(results_path: Path | str, figures: bool = True, text: bool = True) ->
         atomic_write_bytes(page, doc.html(f"causaldim: {name}").encode())
         written += [md, page, *write_csvs(results, folder / "tables")]
     return written
+
+
+CLAIMS_MARK = "<!-- written by causaldim claims -->"
+
+
+def write_claims(runs: list[Path], out: Path | None) -> str:
+    """The claims tables of finished runs (each its folder or results.json), one section
+    each, as Markdown; written to out if given: a new file, or one this wrote before
+    (nothing else is overwritten)."""
+    from ..errors import UsageError
+    from .doc import Doc
+    from .sections import claims_section
+
+    if out is not None and out.exists() and not out.read_text().startswith(CLAIMS_MARK):
+        raise UsageError(
+            f"{out} exists and was not written by `causaldim claims`; pass a new --out"
+        )
+    loaded = [(p, load_results(p / "results.json" if p.is_dir() else p)) for p in runs]
+    doc = Doc()
+    doc.h(1, "The paper's claims, tested")
+    for path, results in loaded:
+        s, model = results["store"], results["inputs"]["model"]["name"]
+        doc.h(2, f"{model} layer {s['layer']}, preset {results['preset']}: {path}")
+        claims_section(doc, results, level=3)
+    text = CLAIMS_MARK + "\n\n" + doc.markdown(out.parent if out else Path.cwd())
+    if out is not None:
+        atomic_write_bytes(out, text.encode())
+    return text

@@ -7,11 +7,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..measures.sigma import HEADLINE
 from ..model.sites import aliases
-from .direct import direct_kappa, direct_sigma, flagged, profile_section
+from .claims import VERDICTS, claims
+from .direct import direct_kappa, direct_sigma, profile_section
 from .doc import Doc
 from .fmt import ci, growth, num, pct, sci
+from .paper_figures import figures as paper_figures
+from .paper_figures import growth_ci, reading
 
 CRITERIA = {"aicc": "AICc", "aic": "AIC (too few widths for AICc)"}
 
@@ -81,6 +83,7 @@ def build_report(results: dict, figures: dict[str, Path]) -> Doc:
     title(doc, results)
     headline(doc, results)
     beside_paper(doc, results)
+    claims_section(doc, results)
     sweeps(doc, results, figures)
     direct_sigma(doc, results, figures)
     profile_section(doc, results, figures)
@@ -151,20 +154,6 @@ def headline(doc: Doc, results: dict) -> None:
         doc.ul(a["warnings"])
 
 
-def reading(a: dict) -> str:
-    """Which AtP normalisation a count used, with its floor: "firing tokens (features with
-    20+ eval firings)"."""
-    if a["normalisation"] != "firing":
-        return f"{a['normalisation']} tokens"
-    return f"firing tokens (features with {a.get('min_firings') or 1}+ eval firings)"
-
-
-def growth_ci(counted: dict) -> str:
-    """N_causal's growth, with its bootstrap interval where there is one."""
-    interval = counted.get("n_causal_growth_95")
-    return growth(counted["n_causal_growth"]) + (f" {ci(interval, 2)}" if interval else "")
-
-
 def rare_text(counted: dict, a: dict) -> str:
     """How many features each width loses to the firing reading's floor (counted: the
     sensitivity's counts), and whether the widest SAE's median feature clears it."""
@@ -193,87 +182,34 @@ def slope(w: dict, key: str) -> str:
 
 
 def beside_paper(doc: Doc, results: dict) -> None:
-    a = results["sweep"][results["headline"]]
-    free = a["kappa"]["free"]
-    sigma = results.get("sigma", {})
     paper = results["paper"]
-    w, regime, other = a["wedge"], a["regime"], a["sensitivity"]
     doc.h(2, "Beside the paper")
     doc.p(
         f"The paper: {paper['source']} (d = {paper['d_model']:,}, x{paper['width_ratio']} "
         "in width). Counts are forced by calibration at the reference width; compare "
-        "growth and shapes, not levels."
+        "growth and shapes, not levels. The claims these numbers test are decided under "
+        '"The paper\'s claims, tested".'
     )
-    lead = HEADLINE if HEADLINE in sigma else None
-    pr = sigma[lead]["participation_ratio_unbiased"] if lead else None
-    erank = flagged(sigma[lead]) if lead else "n/a (no logit probes)"
-    last = a["per_width"][-1]
-    estimable = a["estimable"]
-    kappa_hat = f"{free['kappa']:,.0f} {ci(free['interval_95'])}" if estimable else "not estimable"
-    att = a.get("attributed")
     doc.table(
         ["quantity", "this run", "paper"],
-        [
-            [
-                "reference width / d",
-                f"{regime['reference_over_d']:.2f}",
-                f"{regime['paper_reference_over_d']:.1f}",
-            ],
-            [
-                "widest width / d",
-                f"{regime['widest_over_d']:.1f}",
-                f"{regime['paper_widest_over_d']:.0f}",
-            ],
-            ["width ratio of the sweep", f"x{w['width_ratio']:g}", f"x{paper['width_ratio']}"],
-            ["N_repr growth", f"{growth(w['n_repr_growth'])}", f"x{paper['n_repr_growth']}"],
-            [
-                f"N_causal growth (AtP over {reading(a)})",
-                f"{growth(w['n_causal_growth'])} {ci(w.get('n_causal_growth_95'), 2)}",
-                f"x{paper['n_causal_growth']}",
-            ],
-            [
-                f"N_causal growth (AtP over {reading(other)})",
-                growth_ci(other),
-                "",
-            ],
-            [
-                "firing features below epsilon (widest SAE)",
-                pct(last["inert_fraction"]),
-                pct(paper["inert_fraction"]),
-            ],
-            [
-                "total attribution A / epsilon (Markov ceiling on N_causal), widest",
-                num(last["markov_ceiling"]),
-                "",
-            ],
-            [
-                "kappa_hat [95% CI]",
-                kappa_hat,
-                f"{paper['kappa_hat']:,} {ci(paper['kappa_hat_95'])}",
-            ],
-            [
-                "kappa_hat / d",
-                f"{free['kappa_over_d']:.2f}" if estimable else "n/a",
-                f"{paper['kappa_over_d']}",
-            ],
-            [
-                "kappa_SAE, plug-in (widest) [95% CI]",
-                f"{num(att['widest'])} {ci(att['widest_95'])}" if att else "n/a",
-                "",
-            ],
-            ["direct kappa (erank, gauge-invariant logits reading, corrected)", erank, ""],
-            ["kappa_PR (direct, the same reading, U-statistics)", num(pr), f"{paper['kappa_pr']}"],
-            [
-                "coverage at the widest SAE",
-                pct(free["coverage"]) if estimable else "n/a",
-                pct(paper["coverage"]),
-            ],
-            [
-                "width for (95%) recovery",
-                num(free["width_95"]) if estimable else "n/a",
-                f"{paper['width_full_recovery']:,}",
-            ],
-        ],
+        [[f.label, f.this_run, f.paper] for f in paper_figures(results).values()],
+    )
+
+
+def claims_section(doc: Doc, results: dict, level: int = 2) -> None:
+    """The paper's claims, one row each, decided by claims.RULES on this run."""
+    found = claims(results)
+    doc.h(level, "The paper's claims, tested")
+    counts = {v: sum(c.verdict == v for c in found) for v in VERDICTS}
+    doc.p(
+        "Each claim's verdict is computed from results.json by a rule written once in "
+        "causaldim (report/claims.py; docs/method.md says why each): "
+        + ", ".join(f"{n} {v}" for v, n in counts.items())
+        + "."
+    )
+    doc.table(
+        ["claim", "paper", "this run", "test", "verdict"],
+        [[c.claim, c.paper, c.this_run, c.test, f"**{c.verdict}**: {c.reason}"] for c in found],
     )
 
 

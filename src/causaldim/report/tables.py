@@ -155,12 +155,20 @@ def sae_rows(results: dict) -> list[Row]:
     return [{"name": name, **info} for name, info in results["saes"].items()]
 
 
+def claim_rows(results: dict) -> list[Row]:
+    """The paper's claims and their verdicts on this run (claims.py)."""
+    from .claims import claims
+
+    return [c.to_dict() for c in claims(results)]
+
+
 TABLES: dict[str, Callable[[dict], list[Row]]] = {
     "sigma": sigma_rows,
     "widths": width_rows,
     "fits": fit_rows,
     "profile": profile_rows,
     "saes": sae_rows,
+    "claims": claim_rows,
 }
 
 
