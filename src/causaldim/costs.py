@@ -154,7 +154,9 @@ def control_flops(
         + len(widths) / len(sweep.widths) * (layer_flops["scores"] + layer_flops["analysis"])
     ) / n_arch
     if "depth" in picked:
-        out["control.depth"] = (len(the_plan.store_dirs) - 1) * (layer_flops["sigma"] + one_sweep)
+        # with a lighter sweep of its own it measures the headline layer again too
+        layers = len(the_plan.store_dirs) - (0 if analysis.lighter_controls else 1)
+        out["control.depth"] = layers * (layer_flops["sigma"] + one_sweep)
     if "architectures" in picked and analysis.lighter_controls:
         out["control.architectures"] = 3 * one_sweep
     return out
