@@ -62,6 +62,25 @@ def _not_run(results: dict, name: str, flags: str) -> str:
     return f"the {name} control was not run (pass {flags})"
 
 
+def _decided(shown: str, holds: bool, reason: str) -> tuple[str, str, str]:
+    return shown, HOLDS if holds else FAILS, reason
+
+
+def _needs(name: str, flags: str):
+    """A rule that reads control `name`: not testable where it did not run."""
+
+    def wrap(rule: Callable[[dict, dict], tuple[str, str, str]]):
+        def decide(results: dict) -> tuple[str, str, str]:
+            c = _control(results, name)
+            if c is None:
+                return "n/a", UNTESTABLE, _not_run(results, name, flags)
+            return rule(results, c)
+
+        return decide
+
+    return wrap
+
+
 # The rules: each reads results.json and returns (this run, verdict, reason).
 
 
@@ -221,10 +240,8 @@ def _common_point(intervals: list[list[float]]) -> bool:
     return max(i[0] for i in intervals) <= min(i[1] for i in intervals)
 
 
-def architectures(results: dict) -> tuple[str, str, str]:
-    c = _control(results, "architectures")
-    if c is None:
-        return "n/a", UNTESTABLE, _not_run(results, "architectures", "--controls architectures")
+@_needs("architectures", "--controls architectures")
+def architectures(results: dict, c: dict) -> tuple[str, str, str]:
     shown = ", ".join(
         f"{r['architecture']} {num(r['kappa_hat'])} {ci(r['kappa_95'])}" for r in c["rows"]
     )
@@ -249,10 +266,8 @@ def architectures(results: dict) -> tuple[str, str, str]:
     return shown, FAILS, f"the architectures' kappa_hat intervals share no point{matched}"
 
 
-def thresholds(results: dict) -> tuple[str, str, str]:
-    c = _control(results, "thresholds")
-    if c is None:
-        return "n/a", UNTESTABLE, _not_run(results, "thresholds", "--controls thresholds")
+@_needs("thresholds", "--controls thresholds")
+def thresholds(results: dict, c: dict) -> tuple[str, str, str]:
     rows = c["rows"]
     shown = ", ".join(f"{r['percentile']:g}th: {num(r['kappa_hat'])}" for r in rows)
     if c["n_growing"] < c["n_growths"]:
@@ -264,18 +279,15 @@ def thresholds(results: dict) -> tuple[str, str, str]:
         )
     kappas = [r["kappa_hat"] for r in rows]
     spread = max(kappas) / min(kappas) if min(kappas) > 0 else math.inf
-    verdict = HOLDS if spread <= CONSTANT else FAILS
-    return (
+    return _decided(
         shown,
-        verdict,
+        spread <= CONSTANT,
         f"largest / smallest kappa_hat over the percentiles {spread:.2f} (<= {CONSTANT})",
     )
 
 
-def geometry(results: dict) -> tuple[str, str, str]:
-    c = _control(results, "geometry")
-    if c is None:
-        return "n/a", UNTESTABLE, _not_run(results, "geometry", "--controls geometry")
+@_needs("geometry", "--controls geometry")
+def geometry(results: dict, c: dict) -> tuple[str, str, str]:
     measures = ["nn_cosine"] + (
         ["decoder_norm"] if c["max_decoder_norm_spread"] >= FLAT_NORMS else []
     )
@@ -291,45 +303,42 @@ def geometry(results: dict) -> tuple[str, str, str]:
     )
     if not eligible:
         return shown, UNTESTABLE, f"no width has {MIN_CAUSAL} causal features to compare"
-    verdict = HOLDS if 2 * len(differing) >= len(eligible) else FAILS
-    return (
+    return _decided(
         shown,
-        verdict,
+        2 * len(differing) >= len(eligible),
         f"{len(differing)} of {len(eligible)} widths differ (holds: at least half)",
     )
 
 
-def synthetic(results: dict) -> tuple[str, str, str]:
-    c = _control(results, "synthetic")
-    if c is None:
-        return "n/a", UNTESTABLE, _not_run(results, "synthetic", "--controls synthetic")
+@_needs("synthetic", "--controls synthetic")
+def synthetic(results: dict, c: dict) -> tuple[str, str, str]:
     best = c["best_recall"]
     direct = c.get("direct") or {}
     shown = (
         f"best recall {pct(best['recall'])} (width {best['width']:,}); the direct erank "
         f"{num(direct.get('erank'), 2)} for k = {c['k']}"
     )
-    verdict = HOLDS if best["recall"] <= RECALL_NEAR_ZERO else FAILS
-    return shown, verdict, f"recall {pct(best['recall'])} (0: at most {pct(RECALL_NEAR_ZERO)})"
+    return _decided(
+        shown,
+        best["recall"] <= RECALL_NEAR_ZERO,
+        f"recall {pct(best['recall'])} (0: at most {pct(RECALL_NEAR_ZERO)})",
+    )
 
 
-def four_cell(results: dict) -> tuple[str, str, str]:
-    c = _control(results, "four_cell")
-    if c is None:
-        return "n/a", UNTESTABLE, _not_run(results, "four_cell", "--controls four_cell")
+@_needs("four_cell", "--controls four_cell")
+def four_cell(results: dict, c: dict) -> tuple[str, str, str]:
     ref = c["rows"][0]
     inflation = ref.get("random_encoder_inflation")
     shown = f"x{num(inflation, 2)} at the reference width {ref['width']:,}"
     if inflation is None:
         return shown, UNTESTABLE, "no trained-encoder feature is causal at the reference width"
-    verdict = HOLDS if inflation >= INFLATED else FAILS
-    return shown, verdict, f"x{inflation:.2f} (inflated: at least x{INFLATED:g})"
+    return _decided(
+        shown, inflation >= INFLATED, f"x{inflation:.2f} (inflated: at least x{INFLATED:g})"
+    )
 
 
-def task(results: dict) -> tuple[str, str, str]:
-    c = _control(results, "task")
-    if c is None:
-        return "n/a", UNTESTABLE, _not_run(results, "task", "--controls task")
+@_needs("task", "--controls task")
+def task(results: dict, c: dict) -> tuple[str, str, str]:
     n = c["n_ground_truth"]
     shown = (
         f"{pct(c['recovered_fraction'])} {ci(c['recovered_95'], 2)} of {n} ground-truth features"
@@ -341,23 +350,23 @@ def task(results: dict) -> tuple[str, str, str]:
             f"{n} ground-truth features (needs {MIN_TRUTH}); raise --task-prompts",
         )
     upper = c["recovered_95"][1]
-    verdict = HOLDS if upper >= TASK_RECOVERED else FAILS
-    return (
+    return _decided(
         shown,
-        verdict,
+        upper >= TASK_RECOVERED,
         f"the interval's upper end {pct(upper)} (holds: >= {pct(TASK_RECOVERED)})",
     )
 
 
-def scale(results: dict) -> tuple[str, str, str]:
-    c = _control(results, "scale")
-    if c is None:
-        return "n/a", UNTESTABLE, _not_run(results, "scale", "--controls scale --scale-model NAME")
+@_needs("scale", "--controls scale --scale-model NAME")
+def scale(results: dict, c: dict) -> tuple[str, str, str]:
     ps = [r["p_value"] for r in c["rows"]]
     bar = 0.05 / len(ps)
     shown = f"{c['models'][0]} against {c['models'][1]}: smallest KS p {min(ps):.3g}"
-    verdict = HOLDS if min(ps) >= bar else FAILS
-    return shown, verdict, f"the same AtP shape unless a width's p < 0.05 / {len(ps)} = {bar:.3g}"
+    return _decided(
+        shown,
+        min(ps) >= bar,
+        f"the same AtP shape unless a width's p < 0.05 / {len(ps)} = {bar:.3g}",
+    )
 
 
 class Rule(NamedTuple):
