@@ -7,7 +7,6 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .controls import NAMES as CONTROLS
 from .errors import UsageError
 from .executors import EXECUTORS
 from .sae import ARCHITECTURES
@@ -15,6 +14,19 @@ from .sae import ARCHITECTURES
 COMPUTE_DTYPES = ("float32", "bfloat16")
 DTYPE_CHOICES = ("auto", *COMPUTE_DTYPES)
 STORE_DTYPES = ("float32", "bfloat16", "float16")
+# The controls, in the report's order: each is the module causaldim.controls.NAME.
+CONTROLS = (
+    "thresholds",
+    "architectures",
+    "l0",
+    "four_cell",
+    "geometry",
+    "synthetic",
+    "task",
+    "depth",
+    "scale",
+    "ablation",
+)
 ATP_NORMALISATIONS = ("all", "firing")  # what AtP_i is the mean over: every token, or its firings
 
 

@@ -18,8 +18,8 @@ from test_pipeline import run_args
 from causaldim import cli, pipeline
 from causaldim import hub as hf
 from causaldim.config import SweepConfig
-from causaldim.controls.l0 import imported_l0_spread
 from causaldim.errors import UsageError
+from causaldim.measures.diagnose import imported_l0_spread
 from causaldim.sae import SAEConfig, build, releases
 from causaldim.sae.formats import export_saelens
 

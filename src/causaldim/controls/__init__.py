@@ -6,7 +6,7 @@ computed from a Context, its report section and, where one helps, its figure. NA
 registers it (and orders the report). Its result is plain data in
 results.json["controls"][name], holding every number the section shows.
 
-This module imports no control at import time, so that config can read NAMES.
+This module imports no control at import time; config holds the registry's names.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..config import CONTROLS
+
 if TYPE_CHECKING:
     from ..config import AnalysisConfig, HarvestConfig, SweepConfig
     from ..executors import Executor
@@ -26,18 +28,7 @@ if TYPE_CHECKING:
     from ..model.load import LoadedModel
     from ..report.doc import Doc
 
-NAMES = (
-    "thresholds",
-    "architectures",
-    "l0",
-    "four_cell",
-    "geometry",
-    "synthetic",
-    "task",
-    "depth",
-    "scale",
-    "ablation",
-)
+NAMES = CONTROLS  # registered in config, which must not import the controls
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,10 @@ fake the wedge."""
 
 from __future__ import annotations
 
+from ..measures.diagnose import L0_TOLERANCE
 from ..report.doc import Doc
 from ..report.fmt import pct
 from . import Control
-
-L0_TOLERANCE = 0.10  # relative distance from the target L0 that is flagged
 
 
 def matched_l0(evals: dict[str, dict[int, dict]], target: float) -> dict:
@@ -32,38 +31,6 @@ def matched_l0(evals: dict[str, dict[int, dict]], target: float) -> dict:
         "tolerance": L0_TOLERANCE,
         "rows": rows,
         "n_flagged": sum(r["flagged"] for r in rows),
-    }
-
-
-def imported_l0_spread(evals: dict[str, dict[int, dict]]) -> dict:
-    """The spread of imported SAEs' eval L0s: max / min, flagged above 1 + L0_TOLERANCE.
-    Imported SAEs come at their makers' L0s (Gemma Scope's differ from width to width), so
-    the counts across widths may compare sparsities, as the control above tests for
-    trained ones; this runs whether or not that control was asked for."""
-    rows = [
-        (ev["l0"], f"{arch}-w{width}")
-        for arch, by_width in evals.items()
-        for width, ev in sorted(by_width.items())
-    ]
-    (low, low_name), (high, high_name) = min(rows), max(rows)
-    ratio = high / low if low > 0 else None
-    flagged = ratio is None or ratio > 1 + L0_TOLERANCE
-    return {
-        "min": low,
-        "max": high,
-        "ratio": ratio,
-        "tolerance": L0_TOLERANCE,
-        "flagged": flagged,
-        "warning": (
-            f"the imported SAEs' eval L0s differ by more than {100 * L0_TOLERANCE:.0f}%: "
-            f"{low:.1f} ({low_name}) to {high:.1f} ({high_name})"
-            + (f", x{ratio:.2f}" if ratio else "")
-            + "; the counts across widths compare different sparsities, so the wedge may "
-            "follow L0 as much as width: prefer SAEs of matched L0 (Gemma Scope: the "
-            "average_l0_N closest across widths)"
-        )
-        if flagged
-        else None,
     }
 
 

@@ -24,6 +24,7 @@ from .score import Scores
 TOP_SHARE = 0.02  # "the top 2% of features", the share a 98th-percentile bar leaves
 CHILD_COSINE = 0.5  # a wider feature this close to its nearest reference feature is its child
 ROWS = 4096  # wider decoder rows compared at a time (bounds the cosine matrix)
+L0_TOLERANCE = 0.10  # relative distance between L0s that is flagged (and control 'l0')
 
 
 def _median(x: torch.Tensor) -> float | None:
@@ -96,3 +97,35 @@ def splits(
             }
         )
     return out
+
+
+def imported_l0_spread(evals: dict[str, dict[int, dict]]) -> dict:
+    """The spread of imported SAEs' eval L0s: max / min, flagged above 1 + L0_TOLERANCE.
+    Imported SAEs come at their makers' L0s (Gemma Scope's differ from width to width), so
+    the counts across widths may compare sparsities, as control 'l0' tests for
+    trained ones; this runs whether or not that control was asked for."""
+    rows = [
+        (ev["l0"], f"{arch}-w{width}")
+        for arch, by_width in evals.items()
+        for width, ev in sorted(by_width.items())
+    ]
+    (low, low_name), (high, high_name) = min(rows), max(rows)
+    ratio = high / low if low > 0 else None
+    flagged = ratio is None or ratio > 1 + L0_TOLERANCE
+    return {
+        "min": low,
+        "max": high,
+        "ratio": ratio,
+        "tolerance": L0_TOLERANCE,
+        "flagged": flagged,
+        "warning": (
+            f"the imported SAEs' eval L0s differ by more than {100 * L0_TOLERANCE:.0f}%: "
+            f"{low:.1f} ({low_name}) to {high:.1f} ({high_name})"
+            + (f", x{ratio:.2f}" if ratio else "")
+            + "; the counts across widths compare different sparsities, so the wedge may "
+            "follow L0 as much as width: prefer SAEs of matched L0 (Gemma Scope: the "
+            "average_l0_N closest across widths)"
+        )
+        if flagged
+        else None,
+    }

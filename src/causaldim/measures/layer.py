@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..config import AnalysisConfig, SweepConfig
-from ..controls.l0 import imported_l0_spread
 from ..devices import resolve_device
 from ..executors import Executor, LocalExecutor
 from ..faults import fault_point
@@ -18,6 +17,7 @@ from ..harvest.store import Store
 from ..model.load import LoadedModel
 from ..sae import SAE
 from .analysis import analyze
+from .diagnose import imported_l0_spread
 from .score import ScoreJob, Scores, load_scores, score_job
 from .sigma import measure
 from .sweep import SweepEntry, load_entries, splice_evaluation, sweep_saes
