@@ -207,3 +207,18 @@ def test_the_claims_table_and_beside_the_paper_never_disagree(key):
     assert f"| {shown.label} | {shown.this_run} | {shown.paper} |" in beside
     table = text(claims_section, results=results)
     assert shown.this_run in table  # the claims quote the same figure, not a recomputation
+
+
+def test_the_report_says_what_each_width_loses_to_the_firing_floor():
+    from causaldim.report.sections import headline as headline_section
+    from causaldim.report.tables import width_rows
+
+    results = make_results()
+    a = headline(results)
+    a["sensitivity"].update(min_firings=20, n_too_rare=[0, 12, 340])
+    a["per_width"][-1]["median_firings_eval"] = 14.0
+    md = text(headline_section, results=results)
+    assert "firing tokens (features with 20+ eval firings)" in md
+    assert "too rare to score, per width: 0 / 12 / 340" in md
+    assert "the widest SAE's median feature fires 14.0 times in eval, below the floor" in md
+    assert [r["n_too_rare_other"] for r in width_rows(results)] == [0, 12, 340]

@@ -57,6 +57,7 @@ def sigma_rows(results: dict) -> list[Row]:
 WIDTH_KEYS = (
     "n_repr",
     "n_causal",
+    "n_too_rare",
     "inert_fraction",
     "l0",
     "fraction_variance_explained",
@@ -77,7 +78,8 @@ def width_rows(results: dict) -> list[Row]:
     rows = []
     for arch, a in results["sweep"].items():
         attributed = {w["width"]: w for w in (a.get("attributed") or {}).get("per_width", [])}
-        for w in a["per_width"]:
+        rare_other = (a.get("sensitivity") or {}).get("n_too_rare") or [None] * len(a["per_width"])
+        for w, rare in zip(a["per_width"], rare_other, strict=True):
             lo, hi = _pair(w.get("n_causal_95"))
             att = attributed.get(w["width"], {})
             rows.append(
@@ -87,6 +89,7 @@ def width_rows(results: dict) -> list[Row]:
                     **{k: w.get(k) for k in WIDTH_KEYS},
                     "n_causal_low": lo,
                     "n_causal_high": hi,
+                    "n_too_rare_other": rare,
                     "kappa_sae": att.get("erank"),
                     "epsilon": a["epsilon"],
                     "normalisation": a["normalisation"],
