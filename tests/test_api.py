@@ -95,3 +95,28 @@ def test_bad_settings_are_refused_before_any_work(tmp_path):
     with pytest.raises(UsageError, match="must be"):
         causaldim.measure(out=str(tmp_path / "x"), tokens="many")
     assert not (tmp_path / "x").exists()
+
+
+def test_a_misspelled_setting_gets_a_suggestion_and_errors_name_arguments(tmp_path):
+    with pytest.raises(UsageError, match=r"'tokenz': did you mean 'tokens'\?"):
+        causaldim.measure(out=str(tmp_path / "x"), tokenz=5)
+    with pytest.raises(UsageError) as err:
+        causaldim.measure(out=str(tmp_path / "x"), widths=[16, 32], k=20)
+    assert "--" not in str(err.value) and "k must lie in 1..16" in str(err.value)
+    assert not (tmp_path / "x").exists()
+
+
+def test_python_names_turns_flags_into_arguments():
+    from causaldim.api import python_names
+
+    assert (
+        python_names("--reference-width 4096 is not among --widths; pass one of them")
+        == "reference_width 4096 is not among widths; pass one of them"
+    )
+    assert python_names("a-b --x") == "a-b x"
+
+
+def test_dir_lists_the_public_api():
+    names = set(dir(causaldim))
+    assert set(causaldim.__all__) <= names
+    assert {"measure", "load", "compare", "Results"} <= names

@@ -27,6 +27,11 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'causaldim' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    # the lazily imported names are part of the API too
+    return sorted({*globals(), *__all__})
+
+
 def versions(*names: str) -> dict[str, str]:
     """The versions of the named packages, for provenance ('causaldim' is this one,
     'python' the interpreter)."""

@@ -4,9 +4,11 @@ tables (pandas DataFrames where pandas is installed), figures and an HTML displa
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import NamedTuple
 
+from .errors import UsageError
 from .measures.sigma import HEADLINE
 from .report.results import load_results
 from .report.tables import TABLES, Row, write_csvs
@@ -172,8 +174,18 @@ def measure(
         settings["model"] = model
     if layer is not None:
         settings["layer"] = layer
-    harvest_cfg, sweep_cfg, analysis_cfg = preset_configs(preset, **settings)
-    result = run(
-        harvest_cfg, sweep_cfg, analysis_cfg, progress=progress, preset=preset, threads=threads
-    )
+    try:
+        harvest_cfg, sweep_cfg, analysis_cfg = preset_configs(preset, **settings)
+        result = run(
+            harvest_cfg, sweep_cfg, analysis_cfg, progress=progress, preset=preset, threads=threads
+        )
+    except UsageError as e:  # the checks speak in flags; a Python caller passed arguments
+        raise UsageError(python_names(str(e))) from None
     return Results(result.path)
+
+
+def python_names(message: str) -> str:
+    """A usage message with its command-line flags named as measure()'s arguments:
+    "--reference-width 4096 is not among --widths" -> "reference_width 4096 is not among
+    widths"."""
+    return re.sub(r"(?<![\w-])--([a-z][a-z0-9-]*)", lambda m: m.group(1).replace("-", "_"), message)

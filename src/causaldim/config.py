@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -527,9 +528,17 @@ def preset_configs(
     for cls in (HarvestConfig, SweepConfig, AnalysisConfig):
         names = {f.name for f in dataclasses.fields(cls)}
         out.append(cls(**{k: v for k, v in values.items() if k in names}))
-    unknown = set(values) - {f.name for c in out for f in dataclasses.fields(c)}
+    known = {f.name for c in out for f in dataclasses.fields(c)}
+    unknown = sorted(set(values) - known)
     if unknown:
-        raise UsageError(f"unknown setting(s) {', '.join(sorted(unknown))}")
+        hints = [
+            f"{k!r}: did you mean {close[0]!r}?"
+            for k in unknown
+            if (close := difflib.get_close_matches(k, known, n=1))
+        ]
+        raise UsageError(
+            f"unknown setting(s) {', '.join(unknown)}" + (f" ({'; '.join(hints)})" if hints else "")
+        )
     return tuple(out)
 
 
@@ -582,7 +591,6 @@ def read_config_file(path: str | Path) -> dict:
     sweep and analysis (a results.json's "config" block can be saved and passed as is).
     UsageError naming the fix if the file is missing, not JSON, or holds an unknown key or
     a value of the wrong type."""
-    import difflib
     import json
 
     path = Path(path)
