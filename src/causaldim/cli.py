@@ -270,6 +270,8 @@ def _cmd_run(args) -> int:
     if args.dry_run:
         plans = check(cfg, sweep_cfg, analysis_cfg, dry_run=True)
         _print_plan(plans.main, plans.sweep, analysis_cfg, plans.imports)
+        for note in plans.notes:
+            print(f"note: {note}")
         for reason in plans.would_stop:
             print(f"here, a run would stop: {reason}")
         print("dry run: nothing written")

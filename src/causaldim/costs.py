@@ -208,8 +208,8 @@ def estimate(
         + correction_flops(n_eval, d, direct),
         # the sparse step (sae/sparse.py): the dense encoder product (2 d m a token) and
         # the selection among its m outputs; the rest touches only the kept entries.
-        # About 4 d m a token, measured on the default sweep.
-        "sweep": 4 * d * width_sum * n_train * sweep.epochs,
+        # About 4 d m a token, measured on the default sweep. Imported SAEs train nothing.
+        "sweep": 0 if sweep.imports else 4 * d * width_sum * n_train * sweep.epochs,
         "ce_loss_recovered": 2 * (up + above) * sweep.ce_sequences * seq * (2 + n_saes),
         "scores": 4 * d * width_sum * n_eval,
         "analysis": analysis_flops(d, len(sweep.widths) * len(sweep.architectures)),

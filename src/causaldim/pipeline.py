@@ -12,6 +12,7 @@ with the same checks.
 from __future__ import annotations
 
 import shutil
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -28,6 +29,7 @@ from .executors import Executor, executor_for
 from .fileio import atomic_write_json, write_sealed_json
 from .harvest import HarvestResult, Plan, Store, harvest, plan
 from .measures import profile
+from .measures.analysis import MIN_WIDTHS
 from .measures.layer import Measurement, measure_layer
 from .measures.score import require_gradients
 from .measures.subspace import causal_subspace
@@ -58,6 +60,8 @@ class Plans(NamedTuple):
     imports: list[dict] = []
     # A dry run's refusals of what this machine lacks (memory, disk): a run would stop there.
     would_stop: tuple[str, ...] = ()
+    # What the user should know before the run starts (the dry run and the run print them)
+    notes: tuple[str, ...] = ()
 
 
 def check(
@@ -150,7 +154,20 @@ def check(
         )
     resource(_check_disk, main, sweep_cfg)
     side = {c.name: c.side_plan(cfg, analysis_cfg, main) for c in chosen if c.side_plan}
-    return Plans(main, side, sweep_cfg, selected, imports, tuple(would_stop))
+    return Plans(
+        main, side, sweep_cfg, selected, imports, tuple(would_stop), tuple(_notes(imports))
+    )
+
+
+def _notes(imports: list[dict]) -> list[str]:
+    """Before the run: what a sweep of imported SAEs cannot give."""
+    if imports and len(imports) < MIN_WIDTHS:
+        return [
+            f"kappa_hat needs SAEs of {MIN_WIDTHS} widths or more, and {len(imports)} "
+            "imported SAE(s) give no saturating fit: the report gives each width's N_causal, "
+            "its AtP distribution and kappa_SAE, beside the direct kappa"
+        ]
+    return []
 
 
 def _check_import(source: dict, the_plan: Plan, model: str) -> dict:
@@ -312,6 +329,8 @@ def run(
     `threads`: how many to compute with (default: one per core this process may use)."""
     analysis_cfg = analysis_cfg or AnalysisConfig()
     plans = check(cfg, sweep_cfg or SweepConfig(), analysis_cfg)
+    for note in plans.notes:  # not a bar: printed with --quiet too
+        print(f"note: {note}", file=sys.stderr)
     faults.reset()
     # Under Ray, 'auto' is resolved by each worker (the GPU it is given, if any).
     executor = executor_for(plans.sweep.executor, plans.sweep.ray_address, cfg.device)

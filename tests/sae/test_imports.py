@@ -488,3 +488,17 @@ def test_an_sae_of_another_width_than_the_model_is_refused_by_the_check(
     args = run_args(tiny_model("llama"), text_corpus, tmp_path / "run")
     assert cli.main(args + ["--sae-paths", path, "--dry-run"]) == 2
     assert "the SAE reads d = 48" in capsys.readouterr().err
+
+
+def test_one_imported_sae_is_told_what_kappa_hat_needs_and_costs_no_training(
+    tmp_path, tiny_model, text_corpus, capsys
+):
+    path = gemma_scope_npz(tmp_path / "params.npz", D, M)
+    args = run_args(tiny_model("llama"), text_corpus, tmp_path / "run") + ["--sae-paths", path]
+    assert cli.main(args + ["--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert "note: kappa_hat needs SAEs of 4 widths or more, and 1 imported SAE(s)" in printed
+    assert re.search(r"\bsweep 0[, ]", printed)  # loading and scoring, no training
+    assert not (tmp_path / "run").exists()
+    assert cli.main(args + ["--quiet"]) == 0  # the run says it too, bars or none
+    assert "note: kappa_hat needs SAEs of 4 widths or more" in capsys.readouterr().err

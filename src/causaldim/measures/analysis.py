@@ -20,6 +20,7 @@ from .score import Scores
 from .stats import interval_95
 
 ATP_EDGES = [x / 4 for x in range(-24, 13)]  # log10(AtP / epsilon), -6 .. 3
+MIN_WIDTHS = 4  # a saturating fit's asymptote needs at least this many widths
 
 
 def atp_histogram(atp: torch.Tensor, epsilon: float) -> dict:
@@ -181,8 +182,8 @@ def _growth_interval(boot: dict | None) -> list[float] | None:
 def not_estimable(widths, growth: float | None, growth_95: list[float] | None) -> str | None:
     """Why kappa_hat is not to be read as a number, or None: a saturating curve's asymptote
     means something only where N_causal grows, and grows beyond its noise."""
-    if len(widths) < 4:
-        return f"only {len(widths)} widths: a saturating fit needs at least 4"
+    if len(widths) < MIN_WIDTHS:
+        return f"only {len(widths)} widths: a saturating fit needs at least {MIN_WIDTHS}"
     if growth is None:
         return "N_causal is 0 at the smallest width: no growth to fit"
     if growth <= 1.0:
