@@ -959,6 +959,17 @@ def test_load_results_refuses_a_missing_or_altered_file(tmp_path):
     path.write_text(json.dumps(altered))
     with pytest.raises(IntegrityError, match="altered"):
         load_results(path)
-    path.write_text("[1, 2]")
-    with pytest.raises(IntegrityError):  # not an object
+    path.write_text('{"schema": "causaldim.results/4", "seed"')  # truncated
+    with pytest.raises(IntegrityError, match="damaged"):
         load_results(path)
+
+
+@pytest.mark.parametrize("content", ['{"model": "x", "layers": [1, 2]}', "[1, 2, 3]", "a = 1"])
+def test_load_results_says_a_json_that_is_not_causaldims_is_not_a_results_file(tmp_path, content):
+    path = tmp_path / "other.json"
+    path.write_text(content)
+    with pytest.raises(UsageError) as info:
+        load_results(path)
+    message = str(info.value)
+    assert "is not a causaldim results file" in message and "schema" in message
+    assert "re-run" not in message and "\n" not in message

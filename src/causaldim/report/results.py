@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,8 +27,24 @@ def load_results(path: Path | str) -> dict:
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"{path} does not exist; pass the results.json of a run")
+    try:
+        plain = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError):
+        # a run's results.json cut short is damaged (read_sealed_json says so); any
+        # other file that is not JSON is not a results file at all
+        plain = None if path.name == "results.json" else []
+    ours = isinstance(plain, dict) and (
+        str(plain.get("schema", "")).startswith("causaldim.results/")
+        or "causaldim_version" in plain  # an older causaldim's, from before the schema
+    )
+    if plain is not None and not ours:
+        raise UsageError(
+            f'{path} is not a causaldim results file (expected a JSON object with "schema": '
+            f'"{SCHEMA}", as `causaldim run` writes OUT/results.json); pass a run\'s '
+            "results.json"
+        )
     results = read_sealed_json(path, "results (causaldim run with the same --out)")
-    schema = results.get("schema") if isinstance(results, dict) else None
+    schema = results.get("schema")
     if schema != SCHEMA:
         raise UsageError(
             f"{path} has schema {schema or 'none (an older causaldim)'}, this causaldim "
