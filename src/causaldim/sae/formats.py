@@ -115,6 +115,31 @@ def load(folder: Path, device: str | torch.device = "cpu") -> SAE:
 # ------------------------------------------------------------------------------- SAELens
 
 
+SAELENS_LAYOUT = "6.0.0"  # the SAELens config layout export_saelens writes
+
+
+def _provenance(written: str) -> dict:
+    from .. import __version__
+
+    installed = _saelens_version()
+    return {
+        "written_by": f"causaldim {__version__}",
+        "sae_lens_version": written,
+        "sae_lens_version_is": "the installed SAELens"
+        if installed
+        else f"the SAELens config layout followed ({SAELENS_LAYOUT}); SAELens was not installed",
+    }
+
+
+def _saelens_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sae-lens")
+    except PackageNotFoundError:
+        return None
+
+
 def export_saelens(
     sae: SAE, folder: Path, hook_name: str = "", model_name: str = "", layer: int | None = None
 ) -> Path:
@@ -133,9 +158,15 @@ def export_saelens(
         "apply_b_dec_to_input": True,
         "normalize_activations": "none",
         "reshape_activations": "none",
-        # sae_lens_version: the config follows SAELens 6's layout; without it SAELens reads
-        # the folder as a pre-6.0 one and drops this metadata (the hook) on loading.
-        "metadata": {"model_name": model_name, "hook_name": hook_name, "sae_lens_version": "6.0.0"},
+        # sae_lens_version: the installed SAELens where there is one; else 6.0.0, the
+        # version whose config layout this follows (without one SAELens reads the folder
+        # as a pre-6.0 one and drops this metadata, the hook, on loading). written_by says
+        # which it is.
+        "metadata": {
+            "model_name": model_name,
+            "hook_name": hook_name,
+            "sae_lens_version": _saelens_version() or SAELENS_LAYOUT,
+        },
     }
     if sae.architecture == "topk":
         cfg["k"] = sae.cfg.k
@@ -144,6 +175,9 @@ def export_saelens(
         {
             "sae_weights.safetensors": lambda p: save_file(_tensors(sae), p),
             "cfg.json": lambda p: p.write_text(json.dumps(cfg, indent=2) + "\n"),
+            "causaldim_export.json": lambda p: p.write_text(
+                json.dumps(_provenance(cfg["metadata"]["sae_lens_version"]), indent=2) + "\n"
+            ),
         },
     )
 
