@@ -187,3 +187,26 @@ def test_a_gpu_run_gives_the_cpu_numbers(tiny_model, text_corpus, tmp_path):
 def test_memory_reports_this_machine():
     total, free = devices.memory(torch.device("cpu"))
     assert 0 < free <= total
+
+
+def test_a_dry_run_plans_for_a_gpu_this_machine_does_not_have(
+    tmp_path, tiny_model, text_corpus, capsys
+):
+    from test_pipeline import run_args
+
+    out = tmp_path / "run"
+    args = run_args(tiny_model("llama"), text_corpus, out)
+    if not torch.cuda.is_available():  # without --plan-for, a missing GPU is refused
+        assert cli.main([*args, "--device", "cuda", "--dry-run"]) == 2
+        assert "--dry-run --plan-for h100" in capsys.readouterr().err
+    assert cli.main([*args, "--device", "cuda", "--dry-run", "--plan-for", "h100"]) == 0
+    printed = capsys.readouterr().out
+    assert "planned for NVIDIA H100 80GB SXM (planned), not this machine" in printed
+    assert "device: cuda:0 (NVIDIA H100 80GB SXM (planned), 80 GiB, 80 GiB free)" in printed
+    assert "GFLOP/s stated for the planned GPU" in printed and "a lower bound" in printed
+    assert not out.exists()
+    assert cli.main([*args, "--plan-for", "h100"]) == 2  # a plan, not a run
+    assert "add --dry-run" in capsys.readouterr().err
+    assert cli.main([*args, "--device", "cpu", "--dry-run", "--plan-for", "h100"]) == 2
+    assert not out.exists()
+    assert devices.planned() is None  # the plan's GPU is gone once the dry run ends

@@ -19,6 +19,7 @@ from .config import (
     SweepConfig,
     read_config_file,
 )
+from .devices import PROFILES, planned, planning_for
 from .errors import IntegrityError, UsageError
 
 
@@ -164,6 +165,13 @@ def _parser(values: dict) -> argparse.ArgumentParser:
         help="Check the input, print the plan, the disk it needs and a time estimate; "
         "write nothing.",
     )
+    p.add_argument(
+        "--plan-for",
+        default=None,
+        choices=sorted(PROFILES),
+        help="With --dry-run: plan for this GPU instead of this machine (its stated memory "
+        "and matmul speed; it need not be present), e.g. to size a GPU job from a laptop.",
+    )
     _add_configs(p, values, HarvestConfig, SweepConfig, AnalysisConfig)
     p.set_defaults(func=_cmd_run)
 
@@ -267,9 +275,20 @@ def _cmd_run(args) -> int:
     t = time.perf_counter()
     cfg, sweep_cfg = _config(args, HarvestConfig), _config(args, SweepConfig)
     analysis_cfg = _config(args, AnalysisConfig)
+    if args.plan_for and not args.dry_run:
+        raise UsageError("--plan-for plans a dry run for another machine; add --dry-run")
+    if args.plan_for and cfg.device == "cpu":
+        raise UsageError(f"--plan-for {args.plan_for} plans a GPU; drop --device cpu")
     if args.dry_run:
-        plans = check(cfg, sweep_cfg, analysis_cfg, dry_run=True)
-        _print_plan(plans.main, plans.sweep, analysis_cfg, plans.imports)
+        with planning_for(args.plan_for) as profile:
+            plans = check(cfg, sweep_cfg, analysis_cfg, dry_run=True)
+            if profile is not None:
+                print(
+                    f"planned for {profile.name}, not this machine: its memory "
+                    f"({profile.memory_bytes / 2**30:,.0f} GiB) and matmul speed as stated "
+                    "(causaldim.devices.PROFILES)"
+                )
+            _print_plan(plans.main, plans.sweep, analysis_cfg, plans.imports)
         for note in plans.notes:
             print(f"note: {note}")
         for reason in plans.would_stop:
@@ -369,11 +388,17 @@ def _print_plan(the_plan, sweep_cfg, analysis_cfg, imports: list[dict]) -> None:
     )
     sec = est["seconds"]
     stages = ", ".join(f"{k} {v:,.0f}" for k, v in sec.items() if k != "total")
+    how = "stated for the planned GPU" if planned() else "measured"
     print(
         f"time, rough (matmul FLOPs / {est['matmul_flops_per_second'] / 1e9:,.0f} GFLOP/s "
-        f"measured x {est['efficiency_assumed']} efficiency): about {sec['total'] / 60:,.1f} "
+        f"{how} x {est['efficiency_assumed']} efficiency): about {sec['total'] / 60:,.1f} "
         f"min ({stages} s){'; the store would be reused' if reused else ''}"
     )
+    if planned():
+        print(
+            "  a lower bound on a GPU: the estimate counts matmul FLOPs only (calibrated on "
+            "a CPU), not the many small eigendecompositions, attention or data movement"
+        )
 
 
 def _cmd_train(args) -> int:

@@ -14,7 +14,7 @@ import time
 import torch
 
 from .config import AnalysisConfig, SweepConfig
-from .devices import describe
+from .devices import describe, planned
 from .harvest import Plan
 from .measures import debias, profile
 from .memory import dense_batch_tokens, sae_training_bytes
@@ -49,8 +49,11 @@ EXTRA_BYTES_PER_TOKEN = 4 + 4 + 4 + 1  # token, pos, seq, outlier
 def matmul_flops_per_second(
     dtype: str = "float32", device: str = "cpu", size: int = 2048, reps: int = 5
 ) -> float:
-    """The speed of a large square matmul on device: the machine's peak."""
+    """The speed of a large square matmul on device: the machine's peak (a planned GPU's
+    stated speed, devices.PROFILES)."""
     dt, device = getattr(torch, dtype), torch.device(device)
+    if device.type == "cuda" and (profile := planned()) is not None:
+        return profile.matmul_flops[dtype]
     a = torch.randn(size, size, dtype=dt, device=device)
     b = torch.randn(size, size, dtype=dt, device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

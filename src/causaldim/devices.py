@@ -1,15 +1,72 @@
 """Where the tensors of a run live and in what precision: the --device and 'auto' dtype
-choices resolved against this machine, and how much memory the device has."""
+choices resolved against this machine, and how much memory the device has. A dry run may
+plan for a GPU this machine does not have (--plan-for): inside `planning_for`, that GPU's
+stated memory and matmul speed stand in for a device's."""
 
 from __future__ import annotations
 
 import os
 from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from .errors import UsageError
+
+
+class DeviceProfile(NamedTuple):
+    """A GPU planned for, not present: its memory and the speed of a large matmul per
+    dtype, as stated (datasheet peaks, dense, scaled to what large matmuls reach)."""
+
+    name: str
+    memory_bytes: int
+    matmul_flops: dict[str, float]  # dtype -> FLOP/s
+    fast_bf16: bool = True
+
+
+# About 70% of each datasheet's dense peak (bf16 tensor cores; fp32 without TF32, as
+# torch's default matmul runs it), the share large matmuls reach in practice.
+PROFILES = {
+    "h100": DeviceProfile(
+        "NVIDIA H100 80GB SXM (planned)",
+        80 * 2**30,
+        {"bfloat16": 0.7 * 989e12, "float16": 0.7 * 989e12, "float32": 0.7 * 67e12},
+    ),
+    "h200": DeviceProfile(
+        "NVIDIA H200 141GB (planned)",
+        141 * 2**30,
+        {"bfloat16": 0.7 * 989e12, "float16": 0.7 * 989e12, "float32": 0.7 * 67e12},
+    ),
+    "a100": DeviceProfile(
+        "NVIDIA A100 80GB (planned)",
+        80 * 2**30,
+        {"bfloat16": 0.7 * 312e12, "float16": 0.7 * 312e12, "float32": 0.7 * 19.5e12},
+    ),
+}
+_planned: ContextVar[DeviceProfile | None] = ContextVar("planned_device", default=None)
+
+
+@contextmanager
+def planning_for(name: str | None):
+    """While inside, CUDA devices are the named profile's (None: this machine's own)."""
+    if name is None:
+        yield None
+        return
+    if name not in PROFILES:
+        raise UsageError(f"--plan-for {name!r}: choose one of {', '.join(PROFILES)}")
+    token = _planned.set(PROFILES[name])
+    try:
+        yield PROFILES[name]
+    finally:
+        _planned.reset(token)
+
+
+def planned() -> DeviceProfile | None:
+    """The GPU a dry run plans for, if any."""
+    return _planned.get()
+
 
 DEVICES_HELP = (
     "'auto' (the first CUDA GPU if there is one, else the CPU), 'cpu', 'cuda' or 'cuda:N'"
@@ -19,6 +76,8 @@ DEVICES_HELP = (
 def resolve_device(name: str) -> torch.device:
     """The torch device of a --device value; UsageError naming the fix if this machine
     has no such device."""
+    if planned() is not None and name in ("auto", "cuda", "cuda:0"):
+        return torch.device("cuda", 0)  # the planned GPU
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -32,7 +91,7 @@ def resolve_device(name: str) -> torch.device:
     if not torch.cuda.is_available():
         raise UsageError(
             f"--device {name}: this machine has no CUDA GPU (or torch is a CPU build); "
-            "use --device cpu"
+            "use --device cpu, or plan a GPU run from here with --dry-run --plan-for h100"
         )
     if device.index is not None and device.index >= torch.cuda.device_count():
         raise UsageError(
@@ -48,6 +107,8 @@ def fast_bf16(device: torch.device) -> bool:
     about 30x), so CPUs count as slow."""
     if device.type != "cuda":
         return False
+    if (profile := planned()) is not None:
+        return profile.fast_bf16
     return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
@@ -61,6 +122,8 @@ def resolve_dtype(name: str, device: torch.device) -> str:
 def memory(device: torch.device) -> tuple[int, int]:
     """(total, free) bytes of the device's memory; for the CPU, physical memory and what
     the kernel reports available."""
+    if device.type == "cuda" and (profile := planned()) is not None:
+        return profile.memory_bytes, profile.memory_bytes
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         return total, free
@@ -77,7 +140,10 @@ def memory(device: torch.device) -> tuple[int, int]:
 
 def describe(device: torch.device) -> str:
     total, free = memory(device)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    name = "CPU"
+    if device.type == "cuda":
+        profile = planned()
+        name = profile.name if profile else torch.cuda.get_device_name(device)
     return f"{device} ({name}, {total / 2**30:,.0f} GiB, {free / 2**30:,.0f} GiB free)"
 
 
