@@ -432,3 +432,15 @@ def test_bad_control_sweeps_are_refused(tmp_path, tiny_model, text_corpus, capsy
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
     assert not out.exists()
+
+
+def test_a_corpus_shorter_than_tokens_asks_is_said_not_passed_over(
+    tmp_path, tiny_model, text_corpus, capsys
+):
+    out = tmp_path / "run"
+    args = run_args(tiny_model("llama"), text_corpus, out) + ["--tokens", "100000000"]
+    assert cli.main([*args, "--dry-run"]) == 0
+    (note,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert "fewer than the 100,000,000 --tokens asks" in note and "the run uses them all" in note
+    assert cli.main([*args, "--quiet"]) == 0
+    assert note in capsys.readouterr().err  # the run says it before it starts

@@ -281,7 +281,7 @@ def _cmd_run(args) -> int:
         raise UsageError(f"--plan-for {args.plan_for} plans a GPU; drop --device cpu")
     if args.dry_run:
         with planning_for(args.plan_for) as profile:
-            plans = check(cfg, sweep_cfg, analysis_cfg, dry_run=True)
+            plans = check(cfg, sweep_cfg, analysis_cfg, dry_run=True, preset=args.preset)
             if profile is not None:
                 print(
                     f"planned for {profile.name}, not this machine: its memory "

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 
 from . import controls, faults
-from .config import AnalysisConfig, HarvestConfig, SweepConfig
+from .config import PRESETS, AnalysisConfig, HarvestConfig, SweepConfig
 from .costs import disk_bytes
 from .devices import memory, resolve_dtype
 from .errors import UsageError
@@ -35,6 +35,7 @@ from .measures.score import require_gradients
 from .measures.subspace import causal_subspace
 from .measures.sweep import SweepEntry, load_entries, splice_evaluation, sweep_saes
 from .memory import HEADROOM, check_sae_training
+from .model.corpus import budget_tokens
 from .model.load import LoadedModel, load_model
 from .model.sites import NotABlockOutput, equivalents
 from .progress import bar as progress_bar
@@ -69,10 +70,12 @@ def check(
     sweep_cfg: SweepConfig,
     analysis_cfg: AnalysisConfig | None = None,
     dry_run: bool = False,
+    preset: str = "default",
 ) -> Plans:
-    """Every check that needs no weights; returns the plans. A dry run plans a known hub
-    model from its shape when the hub cannot be reached, and lists what this machine lacks
-    (memory, disk) instead of stopping there."""
+    """Every check that needs no weights; returns the plans (preset: the one the settings
+    came from, so that its notes can say how the run stands to the data it names). A dry
+    run plans a known hub model from its shape when the hub cannot be reached, and lists
+    what this machine lacks (memory, disk) instead of stopping there."""
     analysis_cfg = analysis_cfg or AnalysisConfig()
     would_stop: list[str] = []
 
@@ -155,19 +158,41 @@ def check(
     resource(_check_disk, main, sweep_cfg)
     side = {c.name: c.side_plan(cfg, analysis_cfg, main) for c in chosen if c.side_plan}
     return Plans(
-        main, side, sweep_cfg, selected, imports, tuple(would_stop), tuple(_notes(imports))
+        main,
+        side,
+        sweep_cfg,
+        selected,
+        imports,
+        tuple(would_stop),
+        tuple(_notes(main, imports, PRESETS["paper"]["tokens"] if preset == "paper" else None)),
     )
 
 
-def _notes(imports: list[dict]) -> list[str]:
-    """Before the run: what a sweep of imported SAEs cannot give."""
+def _notes(the_plan: Plan, imports: list[dict], preset_tokens: int | None) -> list[str]:
+    """Before the run: a corpus shorter than --tokens asks (and, for a preset that names
+    its data, how far short of it the run is); what a sweep of imported SAEs cannot give."""
+    notes = []
+    cfg, splits = the_plan.config, the_plan.splits
+    got = (len(splits.train) + len(splits.eval)) * cfg.seq_len
+    asked = budget_tokens(cfg.seq_len, cfg.tokens)
+    if got < asked:
+        notes.append(
+            f"the corpus {the_plan.corpus.id} holds {got:,} tokens in sequences of "
+            f"{cfg.seq_len}, fewer than the {asked:,} --tokens asks ({100 * got / asked:.1f}%): "
+            "the run uses them all; pass a larger --corpus (a hub dataset) for more"
+        )
+    if preset_tokens and got < preset_tokens and cfg.tokens == preset_tokens:
+        notes.append(
+            f"this preset's data is {preset_tokens:,} tokens (the paper's); this run has "
+            f"{100 * got / preset_tokens:.1f}% of it, from {the_plan.corpus.id}"
+        )
     if imports and len(imports) < MIN_WIDTHS:
-        return [
+        notes.append(
             f"kappa_hat needs SAEs of {MIN_WIDTHS} widths or more, and {len(imports)} "
             "imported SAE(s) give no saturating fit: the report gives each width's N_causal, "
             "its AtP distribution and kappa_SAE, beside the direct kappa"
-        ]
-    return []
+        )
+    return notes
 
 
 def _check_import(source: dict, the_plan: Plan, model: str) -> dict:
@@ -328,7 +353,7 @@ def run(
     """The whole measurement; finished stages of an earlier run (store, SAEs) are reused.
     `threads`: how many to compute with (default: one per core this process may use)."""
     analysis_cfg = analysis_cfg or AnalysisConfig()
-    plans = check(cfg, sweep_cfg or SweepConfig(), analysis_cfg)
+    plans = check(cfg, sweep_cfg or SweepConfig(), analysis_cfg, preset=preset)
     for note in plans.notes:  # not a bar: printed with --quiet too
         print(f"note: {note}", file=sys.stderr)
     faults.reset()
