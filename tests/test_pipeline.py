@@ -65,7 +65,7 @@ def finished_run(tmp_path_factory, tiny_model, text_corpus):
 def test_results_hold_every_number_of_the_report(finished_run):
     out, _ = finished_run
     r = json.loads((out / "results.json").read_text())
-    assert r["schema"] == "causaldim.results/4" and r["headline"] == "topk"
+    assert r["schema"] == "causaldim.results/5" and r["headline"]["architecture"] == "topk"
     a = r["sweep"]["topk"]
     assert [row["width"] for row in a["per_width"]] == [16, 32, 64, 128, 256]
     for row in a["per_width"]:
@@ -282,7 +282,9 @@ def test_sae_files_replace_training(tmp_path, tiny_model, text_corpus, capsys):
     args = run_args(tiny_model("llama"), text_corpus, out) + ["--sae-paths", *paths]
     assert cli.main(args) == 0
     results = json.loads((out / "results.json").read_text())
-    assert results["headline"] == "jumprelu" and list(results["sweep"]) == ["jumprelu"]
+    assert results["headline"]["architecture"] == "jumprelu" and list(results["sweep"]) == [
+        "jumprelu"
+    ]
     assert [r["width"] for r in results["sweep"]["jumprelu"]["per_width"]] == [16, 32]
     assert all(s["steps"] is None for s in results["saes"].values())  # nothing trained
     # The wrong residual width is refused before any work: nothing is written.
@@ -444,3 +446,39 @@ def test_a_corpus_shorter_than_tokens_asks_is_said_not_passed_over(
     assert "fewer than the 100,000,000 --tokens asks" in note and "the run uses them all" in note
     assert cli.main([*args, "--quiet"]) == 0
     assert note in capsys.readouterr().err  # the run says it before it starts
+
+
+def test_every_warning_is_in_results_the_cli_the_report_and_the_api(
+    tmp_path, tiny_model, text_corpus, capsys
+):
+    """A tiny run raises several (its N_causal does not grow, its corpus is shorter than
+    --tokens asks; its direct readings may not converge): each
+    one, by code, in results.json, the CLI's output, the report's Read with care (which
+    opens it) and Results.warnings; the unconverged headline flagged in each place."""
+    import causaldim
+
+    out = tmp_path / "run"
+    args = run_args(tiny_model("llama"), text_corpus, out) + ["--tokens", "100000000"]
+    assert cli.main([*args, "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    r = json.loads((out / "results.json").read_text())
+    codes = [w["code"] for w in r["warnings"]]
+    assert {"run.corpus_short", "sae.topk.not_estimable"} <= set(codes)
+    assert len(set(codes)) == len(codes)
+    assert all(w["severity"] in ("caution", "note") and w["message"] for w in r["warnings"])
+    report = (out / "report.md").read_text()
+    assert report.index("## Read with care") < report.index("## Headline")
+    res = causaldim.load(out)
+    assert res.warnings == r["warnings"]
+    for w in r["warnings"]:
+        line = f"[{w['severity']}] {w['code']}: {w['message']}"
+        assert line in printed and f"- {line}" in report, w["code"]
+    head = r["headline"]
+    assert head["architecture"] == "topk" and head["reading"] == "logits"
+    assert head["value"] == r["sigma"]["logits"]["erank_corrected"]
+    assert set(head["warnings"]) <= set(codes)
+    if head["converged"] is False:  # the tiny run's few tokens: flagged everywhere
+        assert "direct.logits.not_converged" in head["warnings"]
+        assert "not converged" in repr(res) and "not converged" in repr(res.kappa)
+        assert "NO" in next(line for line in printed.splitlines() if line.startswith("logits "))
+        assert "(not converged" in report.split("## Headline")[1].split("##")[0]

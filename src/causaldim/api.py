@@ -74,15 +74,21 @@ class Results:
     def kappa_hat(self) -> Estimate | None:
         """The SAE-sweep estimate of the headline architecture (free fit), or None when it
         is not estimable (`not_estimable` says why)."""
-        a = self.data["sweep"][self.data["headline"]]
+        a = self.data["sweep"][self.data["headline"]["architecture"]]
         if not a["estimable"]:
             return None
         free = a["kappa"]["free"]
         return Estimate(free["kappa"], *free["interval_95"])
 
     @property
+    def warnings(self) -> list[dict]:
+        """Every warning the run raised: code, severity ("caution" where it touches the
+        headline's numbers, else "note") and message, as results.json's `warnings`."""
+        return list(self.data.get("warnings") or [])
+
+    @property
     def not_estimable(self) -> str | None:
-        return self.data["sweep"][self.data["headline"]].get("not_estimable")
+        return self.data["sweep"][self.data["headline"]["architecture"]].get("not_estimable")
 
     @property
     def headline(self) -> str:
@@ -129,7 +135,7 @@ class Results:
         rows = self.table("sigma")
         keys = ("reading", "erank", "erank_low", "erank_high", "participation_ratio", "n_eff")
         doc.table(list(keys), [[_cell(r[k]) for k in keys] for r in rows])
-        for name in ("sigma", f"wedge_{self.data['headline']}"):
+        for name in ("sigma", f"wedge_{self.data['headline']['architecture']}"):
             if name in self.figures:
                 doc.img(self.figures[name], name)
         return doc.html_body()
@@ -138,9 +144,15 @@ class Results:
         k = self.kappa
         hat = self.kappa_hat
         said = "not estimable" if hat is None else f"{hat.value:.0f}"
+        flag = ""
+        if k is not None and k.converged is False:
+            more = k.eval_tokens_needed
+            flag = " (not converged" + (f"; about {more:,} eval tokens would do)" if more else ")")
+        shown = "n/a" if k is None else f"{k.value:.0f} [{k.low:.0f}, {k.high:.0f}]{flag}"
+        warned = len(self.warnings)
         return (
-            f"Results({self.model}, layer {self.layer}: kappa {k.value:.0f} "
-            f"[{k.low:.0f}, {k.high:.0f}], kappa_hat {said}; {self.path})"
+            f"Results({self.model}, layer {self.layer}: kappa {shown}, kappa_hat {said}; "
+            f"{warned} warning(s); {self.path})"
         )
 
 

@@ -289,7 +289,7 @@ def _cmd_run(args) -> int:
                     "(causaldim.devices.PROFILES)"
                 )
             _print_plan(plans.main, plans.sweep, analysis_cfg, plans.imports)
-        for note in plans.notes:
+        for _, note in plans.notes:
             print(f"note: {note}")
         for reason in plans.would_stop:
             print(f"here, a run would stop: {reason}")

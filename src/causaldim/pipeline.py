@@ -61,8 +61,9 @@ class Plans(NamedTuple):
     imports: list[dict] = []
     # A dry run's refusals of what this machine lacks (memory, disk): a run would stop there.
     would_stop: tuple[str, ...] = ()
-    # What the user should know before the run starts (the dry run and the run print them)
-    notes: tuple[str, ...] = ()
+    # What the user should know before the run starts, (code, message): the dry run and
+    # the run print them, and results.json's warnings carry them
+    notes: tuple[tuple[str, str], ...] = ()
 
 
 def check(
@@ -168,29 +169,40 @@ def check(
     )
 
 
-def _notes(the_plan: Plan, imports: list[dict], preset_tokens: int | None) -> list[str]:
-    """Before the run: a corpus shorter than --tokens asks (and, for a preset that names
-    its data, how far short of it the run is); what a sweep of imported SAEs cannot give."""
+def _notes(the_plan: Plan, imports: list[dict], preset_tokens: int | None) -> list[tuple[str, str]]:
+    """Before the run, as (code, message): a corpus shorter than --tokens asks (and, for a
+    preset that names its data, how far short of it the run is); what a sweep of imported
+    SAEs cannot give."""
     notes = []
     cfg, splits = the_plan.config, the_plan.splits
     got = (len(splits.train) + len(splits.eval)) * cfg.seq_len
     asked = budget_tokens(cfg.seq_len, cfg.tokens)
     if got < asked:
         notes.append(
-            f"the corpus {the_plan.corpus.id} holds {got:,} tokens in sequences of "
-            f"{cfg.seq_len}, fewer than the {asked:,} --tokens asks ({100 * got / asked:.1f}%): "
-            "the run uses them all; pass a larger --corpus (a hub dataset) for more"
+            (
+                "corpus_short",
+                f"the corpus {the_plan.corpus.id} holds {got:,} tokens in sequences of "
+                f"{cfg.seq_len}, fewer than the {asked:,} --tokens asks "
+                f"({100 * got / asked:.1f}%): the run uses them all; pass a larger --corpus "
+                "(a hub dataset) for more",
+            )
         )
     if preset_tokens and got < preset_tokens and cfg.tokens == preset_tokens:
         notes.append(
-            f"this preset's data is {preset_tokens:,} tokens (the paper's); this run has "
-            f"{100 * got / preset_tokens:.1f}% of it, from {the_plan.corpus.id}"
+            (
+                "short_of_the_papers_data",
+                f"this preset's data is {preset_tokens:,} tokens (the paper's); this run has "
+                f"{100 * got / preset_tokens:.1f}% of it, from {the_plan.corpus.id}",
+            )
         )
     if imports and len(imports) < MIN_WIDTHS:
         notes.append(
-            f"kappa_hat needs SAEs of {MIN_WIDTHS} widths or more, and {len(imports)} "
-            "imported SAE(s) give no saturating fit: the report gives each width's N_causal, "
-            "its AtP distribution and kappa_SAE, beside the direct kappa"
+            (
+                "few_imported_widths",
+                f"kappa_hat needs SAEs of {MIN_WIDTHS} widths or more, and {len(imports)} "
+                "imported SAE(s) give no saturating fit: the report gives each width's "
+                "N_causal, its AtP distribution and kappa_SAE, beside the direct kappa",
+            )
         )
     return notes
 
@@ -354,7 +366,7 @@ def run(
     `threads`: how many to compute with (default: one per core this process may use)."""
     analysis_cfg = analysis_cfg or AnalysisConfig()
     plans = check(cfg, sweep_cfg or SweepConfig(), analysis_cfg, preset=preset)
-    for note in plans.notes:  # not a bar: printed with --quiet too
+    for _, note in plans.notes:  # not a bar: printed with --quiet too
         print(f"note: {note}", file=sys.stderr)
     faults.reset()
     # Under Ray, 'auto' is resolved by each worker (the GPU it is given, if any).
@@ -422,6 +434,7 @@ def _run(
         started=started,
         seconds=seconds,
         threads=used,
+        notes=plans.notes,
     )
     path = out / "results.json"
     # Figures first; then results.json with the final timings, which the text report shows.

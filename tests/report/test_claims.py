@@ -17,7 +17,7 @@ def verdict(results: dict, key: str) -> tuple[str, str]:
 
 
 def headline(results: dict) -> dict:
-    return results["sweep"][results["headline"]]
+    return results["sweep"][results["headline"]["architecture"]]
 
 
 def with_wedge(repr_growth, slope, causal_95) -> dict:

@@ -55,7 +55,7 @@ def test_the_table_holds_each_runs_numbers_as_its_results_json(runs, tmp_path):
         assert run["path"] == str((folder / "results.json").resolve())
         assert run["layer"] == results["store"]["layer"] and run["seed"] == results["seed"]
         assert run["relative_depth"] == run["layer"] / 3
-        a = results["sweep"][results["headline"]]
+        a = results["sweep"][results["headline"]["architecture"]]
         assert run["epsilon"] == a["epsilon"] and run["wedge"]["width_ratio"] == 8
         assert [h["counts"] for h in run["atp_histograms"]] == [
             r["atp_histogram"]["counts"] for r in a["per_width"]
@@ -145,7 +145,7 @@ def test_runs_of_another_schema_are_refused_naming_both(runs, tmp_path, capsys):
     before = snapshot(tmp_path)
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
-    assert "causaldim.results/4" in err and "re-run or re-render the older one" in err
+    assert "causaldim.results/5" in err and "re-run or re-render the older one" in err
     assert str(tmp_path / "old" / "results.json") in err
     assert snapshot(tmp_path) == before and not out.exists()
 

@@ -19,12 +19,14 @@ from causaldim.fileio import write_sealed_json
 from causaldim.measures.analysis import ATP_EDGES
 from causaldim.measures.sigma import DEFINITIONS
 from causaldim.paper import PAPER
+from causaldim.report.cautions import collect, headline_object, touching_headline
 from causaldim.report.direct import direct_sigma, sigma_table
 from causaldim.report.doc import Doc
 from causaldim.report.figures import plot_atp, plot_sigma, plot_wedge
 from causaldim.report.fmt import ci, growth, num, pct, sci
 from causaldim.report.render import figure_plan, render
 from causaldim.report.results import SCHEMA, load_results
+from causaldim.report.results import direct_kappa as direct_number
 from causaldim.report.sections import (
     beside_paper,
     build_report,
@@ -38,6 +40,7 @@ from causaldim.report.sections import (
 D = 576
 WIDTHS = (1024, 2048, 4096)
 PNG = b"\x89PNG\r\n\x1a\n"
+CODES = ["few_widths", "kappa_hat_extrapolated", "kappa_hat_above_d"]
 WARNINGS = [
     "only 3 widths: a saturating fit needs at least 4 to mean much",
     "extrapolated: the fit reaches 95% of kappa_hat only at width 9,880, beyond the widest "
@@ -270,6 +273,7 @@ def architecture(binds=True):
         },
         "constraint_binds": binds,
         "warnings": list(WARNINGS),
+        "cautions": [[code, w] for code, w in zip(CODES, WARNINGS, strict=True)],
     }
 
 
@@ -354,13 +358,22 @@ def make_results(**overrides) -> dict:
         },
         "sweep": {"topk": architecture()},
         "controls": {},
-        "headline": "topk",
+        "headline": {},
         "paper": copy.deepcopy(PAPER),
         "versions": {"causaldim": __version__, "torch": "2.4.0", "python": "3.11.7"},
         "started": "2025-01-02T03:04:05Z",
         "seconds": {"harvest": 100.31, "sweep": 400.02, "report": 11.44, "total": 611.77},
     }
     results.update(overrides)
+    return with_warnings(results)
+
+
+def with_warnings(results: dict) -> dict:
+    """The headline object and the warnings list, as build_results derives them."""
+    results.setdefault("direct_kappa", direct_number(results["sigma"]))
+    results["headline"] = headline_object(results, "topk")
+    results["warnings"] = collect(results)
+    results["headline"]["warnings"] = touching_headline(results["warnings"], "topk")
     return results
 
 
@@ -502,16 +515,17 @@ def test_headline_quotes_the_fits_the_direct_estimates_and_the_wedge():
     assert "kappa_SAE" not in md and "v v^T" not in md  # a plug-in: not in the headline
 
 
-def test_headline_reads_with_care_only_where_there_are_warnings():
+def test_read_with_care_opens_the_report_with_every_warning():
     results = make_results()
-    md = text(headline, results=results)
-    assert "### Read with care" in md
-    for w in WARNINGS:
-        assert f"- {w}" in md
-    assert md.index("### Read with care") < md.index(f"- {WARNINGS[0]}")
-    results["sweep"]["topk"]["warnings"] = []
-    md = text(headline, results=results)
-    assert "Read with care" not in md and "only 3 widths" not in md
+    md = build_report(results, {}).markdown(Path("/"))
+    assert md.index("## Read with care") < md.index("## Headline")
+    for code, w in zip(CODES, WARNINGS, strict=True):
+        assert f"- [caution] sae.topk.{code}: topk: {w}" in md
+    assert results["headline"]["warnings"] == [f"sae.topk.{c}" for c in CODES]
+    results["sweep"]["topk"]["cautions"] = []
+    with_warnings(results)
+    md = build_report(results, {}).markdown(Path("/"))
+    assert "Read with care" not in md and results["warnings"] == []
 
 
 def test_beside_paper_sets_each_number_of_the_run_beside_the_papers():
@@ -811,11 +825,12 @@ def test_summary_is_the_few_lines_printed_at_the_end():
         "tokens; over firing tokens: x7.34); epsilon 3.21e-05",
         "kappa_hat 433 [311, 698] (hyperbolic, by AICc), kappa_hat/d 0.75, coverage 69.6%; "
         "constrained to d: 433 [311, 576]",
-        *[f"warning: {w}" for w in WARNINGS],
+        "read with care (3):",
+        *[f"  [caution] sae.topk.{c}: topk: {w}" for c, w in zip(CODES, WARNINGS, strict=True)],
     ]
     results = make_results()
-    results["sweep"]["topk"]["warnings"] = []
-    assert len(summary(results).splitlines()) == 2
+    results["sweep"]["topk"]["cautions"] = []
+    assert len(summary(with_warnings(results)).splitlines()) == 2
     lines = summary(without_bootstrap()).splitlines()
     assert "[n/a]" in lines[1] and "coverage n/a" in lines[1]
 
@@ -959,7 +974,7 @@ def test_load_results_refuses_a_missing_or_altered_file(tmp_path):
     path.write_text(json.dumps(altered))
     with pytest.raises(IntegrityError, match="altered"):
         load_results(path)
-    path.write_text('{"schema": "causaldim.results/4", "seed"')  # truncated
+    path.write_text('{"schema": "causaldim.results/5", "seed"')  # truncated
     with pytest.raises(IntegrityError, match="damaged"):
         load_results(path)
 
@@ -973,3 +988,24 @@ def test_load_results_says_a_json_that_is_not_causaldims_is_not_a_results_file(t
     message = str(info.value)
     assert "is not a causaldim results file" in message and "schema" in message
     assert "re-run" not in message and "\n" not in message
+
+
+def test_an_unconverged_headline_is_flagged_by_the_api_and_in_the_warnings(tmp_path):
+    import causaldim
+
+    results = make_results()
+    results["sigma"]["logits"] = sigma_estimate(
+        "logits", 234.5, 78.9, [220.1, 249.9], converged=False
+    )
+    results["sigma"]["logits"]["cautions"] = [["not_converged", "not converged: more tokens"]]
+    del results["direct_kappa"]
+    with_warnings(results)
+    assert results["headline"]["converged"] is False
+    assert "direct.logits.not_converged" in results["headline"]["warnings"]
+    (w,) = [w for w in results["warnings"] if w["code"] == "direct.logits.not_converged"]
+    assert w["severity"] == "caution"
+    write_sealed_json(tmp_path / "results.json", results)
+    res = causaldim.load(tmp_path)
+    assert "(not converged; about 32,768 eval tokens would do)" in repr(res)
+    assert "not converged" in repr(res.kappa) and res.warnings == results["warnings"]
+    assert "[caution] direct.logits.not_converged" in summary(results)

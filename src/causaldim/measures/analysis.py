@@ -102,6 +102,9 @@ def analyze(
         if kappa_sae
         else None
     )
+    cautions = _warnings(widths, kappa, d_model, reason is None) + [
+        ("kappa_sae_interval", w) for w in attributed.warnings(att)
+    ]
     return {
         "reference_width": reference,
         "percentile": cfg.percentile,
@@ -141,7 +144,9 @@ def analyze(
             {m: (scores[m], decoders[m]) for m in widths if m > reference},
         ),
         "attributed": att,
-        "warnings": _warnings(widths, kappa, d_model, reason is None) + attributed.warnings(att),
+        "warnings": [message for _, message in cautions],
+        # the same, each with a stable code: [[code, message], ...]
+        "cautions": [list(c) for c in cautions],
     }
 
 
@@ -196,23 +201,34 @@ def not_estimable(widths, growth: float | None, growth_95: list[float] | None) -
     return None
 
 
-def _warnings(widths, kappa, d_model, estimable: bool) -> list[str]:
-    """What to read with care in an estimable kappa_hat (where it is not, the reason is
-    the headline's and the fits only describe a level)."""
+def _warnings(widths, kappa, d_model, estimable: bool) -> list[tuple[str, str]]:
+    """What to read with care in an estimable kappa_hat, as (code, message) (where it is
+    not, the reason is the headline's and the fits only describe a level)."""
     out = []
     if not estimable:
         return out
     free = kappa["free"]
     if free["at_bound"] == "kappa":
-        out.append("the free fit did not saturate: kappa_hat ran to the edge of its search range")
+        out.append(
+            (
+                "kappa_hat_unsaturated",
+                "the free fit did not saturate: kappa_hat ran to the edge of its search range",
+            )
+        )
     elif free["width_95"] > widths[-1]:
         out.append(
-            f"extrapolated: the fit reaches 95% of kappa_hat only at width "
-            f"{free['width_95']:,.0f}, beyond the widest SAE ({widths[-1]:,})"
+            (
+                "kappa_hat_extrapolated",
+                f"extrapolated: the fit reaches 95% of kappa_hat only at width "
+                f"{free['width_95']:,.0f}, beyond the widest SAE ({widths[-1]:,})",
+            )
         )
     if free["kappa"] > d_model or (free["interval_95"] and free["interval_95"][1] > d_model):
         out.append(
-            f"the free kappa_hat or its interval exceeds d = {d_model}, which kappa cannot "
-            "(kappa <= d): read the constrained fit beside it"
+            (
+                "kappa_hat_above_d",
+                f"the free kappa_hat or its interval exceeds d = {d_model}, which kappa cannot "
+                "(kappa <= d): read the constrained fit beside it",
+            )
         )
     return out

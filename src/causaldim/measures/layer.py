@@ -130,4 +130,5 @@ def measure_layer(
             a["l0_spread"] = spread
             if spread["flagged"]:
                 a["warnings"].append(spread["warning"])
+                a["cautions"].append(["imported_l0_spread", spread["warning"]])
     return Measurement(sigma, entries, saes, scores, evals, analysis, ce, replicates)

@@ -190,6 +190,8 @@ class SigmaEstimate(NamedTuple):
     participation_ratio_unbiased_95: list[float] | None
     # logits_uncentred only: the share of its trace along the shift of all logits
     common_mode_share: float | None = None
+    # `warning`'s parts, each with a stable code: [[code, message], ...]
+    cautions: list | None = None
     # columns, in the order of `eigenvalues`: the basis of the causal subspace (saved by
     # subspace.py, not in results.json)
     eigenvectors: torch.Tensor | None = None
@@ -287,25 +289,34 @@ def estimate(
         fix = debias.correct(sums.xx, sums.n, samples, seed, budget)
         if not fix.converged:
             needed = math.ceil(tokens * fix.sequences_needed / samples.n_sequences)
-    warnings = []
+    warnings = []  # (code, message)
     if fix is not None and not fix.converged:
         warnings.append(
-            f"not converged: {fix.n_independent:,.0f} independent equivalents for d={d} "
-            f"({fix.n_independent / d:.1f} per dimension, {debias.MIN_INDEPENDENT_PER_DIM:g} "
-            f"needed; tokens of one sequence are correlated and norms unequal): about "
-            f"{needed:,} eval tokens would do"
+            (
+                "not_converged",
+                f"not converged: {fix.n_independent:,.0f} independent equivalents for d={d} "
+                f"({fix.n_independent / d:.1f} per dimension, "
+                f"{debias.MIN_INDEPENDENT_PER_DIM:g} needed; tokens of one sequence are "
+                f"correlated and norms unequal): about {needed:,} eval tokens would do",
+            )
         )
     if fix is not None and fix.half:
         change = fix.erank / fix.half - 1
         if abs(change) > cfg.converged_change:
             warnings.append(
-                f"the corrected erank moved by {100 * change:+.1f}% from half of the "
-                "sequences to all of them (a bias signal; the interval includes it)"
+                (
+                    "half_drift",
+                    f"the corrected erank moved by {100 * change:+.1f}% from half of the "
+                    "sequences to all of them (a bias signal; the interval includes it)",
+                )
             )
     elif fix is None and effective / d < cfg.min_samples_per_dim:
         warnings.append(
-            f"only {effective:,.0f} effective samples for d={d} ({effective / d:.1f} per "
-            "dimension): finite samples bias this plug-in erank"
+            (
+                "few_samples",
+                f"only {effective:,.0f} effective samples for d={d} ({effective / d:.1f} "
+                "per dimension): finite samples bias this plug-in erank",
+            )
         )
     return SigmaEstimate(
         reading,
@@ -320,7 +331,7 @@ def estimate(
         point.directions_for,
         halves,
         curve,
-        "; ".join(warnings) or None,
+        "; ".join(message for _, message in warnings) or None,
         effective,
         # never above n_eff, which it equals where nothing correlates (float rounding aside)
         n_independent=None if fix is None else min(fix.n_independent, effective),
@@ -336,6 +347,7 @@ def estimate(
         eigenvalues_corrected=None if fix is None else fix.eigenvalues,
         participation_ratio_unbiased=None if fix is None else fix.participation_ratio,
         participation_ratio_unbiased_95=None if fix is None else fix.participation_ratio_95,
+        cautions=[list(w) for w in warnings],
         eigenvectors=vectors,
     )
 

@@ -14,6 +14,7 @@ from ..errors import UsageError
 from ..fileio import atomic_write_bytes, read_sealed_json, sha256_file, write_sealed_json
 from ..measures.sigma import DEFINITIONS, DIRECT, HEADLINE
 from ..progress import bar
+from .cautions import lines as caution_lines
 from .compare_figures import figure_plan
 from .direct import flagged
 from .doc import Doc
@@ -159,7 +160,7 @@ def run_entry(results: dict, path: Path) -> dict:
     sweep's kappa_hat, wedge, epsilon and AtP histograms, and the profile if any."""
     store = results["store"]
     n_layers, layer = store["model"]["n_layers"], store["layer"]
-    arch = results["headline"]
+    arch = results["headline"]["architecture"]
     a = results["sweep"][arch]
     free = a["kappa"]["free"]
     depth = (lambda i: i / (n_layers - 1)) if n_layers > 1 else (lambda i: 0.0)
@@ -213,6 +214,7 @@ def run_entry(results: dict, path: Path) -> dict:
         "architecture": arch,
         "architectures": list(results["sweep"]),
         "sae_source": _sae_source(results),
+        "warnings": list(results.get("warnings") or []),
         "sae_paths": list(results["config"]["sweep"].get("sae_paths") or []),
         "config": _flat(results["config"]),
         "sigma": {
@@ -389,6 +391,12 @@ def build_doc(data: dict, figures: dict[str, Path]) -> Doc:
             if not r["kappa_hat"]["estimable"]
         ]
     )
+    warned = [r for r in runs if r.get("warnings")]
+    if warned:
+        doc.h(2, "Read with care")
+        for r in warned:
+            doc.p(f"{r['label']} ({len(r['warnings'])}):")
+            doc.ul(caution_lines(r["warnings"]))
     if data["config_differ"]:
         doc.h(2, "Settings that differ")
         doc.table(

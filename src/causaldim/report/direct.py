@@ -209,7 +209,7 @@ def profile_section(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
             cells.append(num(row["activations"]["erank"]))
         rows.append(cells)
     doc.table(head, rows)
-    cautions = _profile_cautions(prof, results["config"]["analysis"])
+    cautions = profile_cautions(prof, results["config"]["analysis"])
     if cautions:
         doc.h(3, "Read with care")
         doc.ul(cautions)
@@ -217,7 +217,7 @@ def profile_section(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
         doc.img(figures["profile"], "profile")
 
 
-def _profile_cautions(prof: dict, analysis: dict) -> list[str]:
+def profile_cautions(prof: dict, analysis: dict) -> list[str]:
     """One line per reading: the layers where it has not converged, and those whose
     corrected erank moved from half of the sequences to all."""
     lines = []

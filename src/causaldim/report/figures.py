@@ -219,7 +219,7 @@ def plot_subspace(results: dict, path: Path) -> Path:
     share of its decoder direction inside the causal subspace."""
     plt = pyplot()
     sub = results["subspace"]
-    arch = results["headline"]
+    arch = results["headline"]["architecture"]
     rows = sub["saes"][arch]
     eps = results["sweep"][arch]["epsilon"]
     fig, ax = plt.subplots(figsize=(8, 4.6))

@@ -18,7 +18,7 @@ class Figure(NamedTuple):
 
 
 def headline_sweep(results: dict) -> dict:
-    return results["sweep"][results["headline"]]
+    return results["sweep"][results["headline"]["architecture"]]
 
 
 def reading(a: dict) -> str:

@@ -12,6 +12,7 @@ from ..errors import UsageError
 from ..fileio import read_sealed_json, sha256_file
 from ..measures.sigma import HEADLINE
 from ..paper import PAPER
+from .cautions import collect, headline_object, touching_headline
 
 if TYPE_CHECKING:
     from ..config import AnalysisConfig, HarvestConfig, SweepConfig
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from ..measures.layer import Measurement
     from ..threads import Threads
 
-SCHEMA = "causaldim.results/4"
+SCHEMA = "causaldim.results/5"
 
 
 def load_results(path: Path | str) -> dict:
@@ -88,9 +89,10 @@ def build_results(
     started: str,
     seconds: dict,
     threads: Threads | None = None,
+    notes: tuple = (),
 ) -> dict:
     """results.json of a run, from its resolved configs, the headline layer's store and
-    Measurement, and the controls' results."""
+    Measurement, the controls' results and the notes its plan printed ([code, message])."""
     from ..model.corpus import describe_corpus
     from ..model.load import describe_model
 
@@ -110,7 +112,7 @@ def build_results(
     sweep = sweep_cfg.to_dict()
     if sweep.get("sae_release"):  # the files fetched are under saes, not --sae-paths
         sweep["sae_paths"] = []
-    return {
+    results = {
         "schema": SCHEMA,
         "causaldim_version": __version__,
         "preset": preset,
@@ -154,7 +156,7 @@ def build_results(
         "controls": controls,
         "subspace": subspace,
         "profile": profile,  # every layer's Sigma (--profile), or None
-        "headline": headline,
+        "headline": {},  # below: it lists the warnings that touch it
         "paper": PAPER,
         "versions": {**m["versions"], **versions("python", "numpy", "scipy")},
         "started": started,
@@ -163,3 +165,7 @@ def build_results(
         # depend on it beyond float rounding)
         "threads": None if threads is None else threads.to_dict(),
     }
+    results["headline"] = headline_object(results, headline)
+    results["warnings"] = collect(results, notes)
+    results["headline"]["warnings"] = touching_headline(results["warnings"], headline)
+    return results

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from ..model.sites import aliases
+from .cautions import lines as caution_lines
 from .claims import VERDICTS, claims
 from .direct import direct_kappa, direct_sigma, profile_section
 from .doc import Doc
@@ -36,7 +37,7 @@ def _hardware(config: dict, threads: dict | None = None) -> str:
 
 def summary(results: dict) -> str:
     """The few lines printed at the end of a run."""
-    arch = results["headline"]
+    arch = results["headline"]["architecture"]
     a = results["sweep"][arch]
     w = a["wedge"]
     lines = [
@@ -47,7 +48,10 @@ def summary(results: dict) -> str:
         f"{growth(a['sensitivity']['n_causal_growth'])}); epsilon {a['epsilon']:.3g}",
         kappa_line(a),
     ]
-    lines += [f"warning: {x}" for x in a["warnings"]]
+    warned = results.get("warnings") or []
+    if warned:
+        lines.append(f"read with care ({len(warned)}):")
+        lines += [f"  {line}" for line in caution_lines(warned)]
     return "\n".join(lines)
 
 
@@ -81,6 +85,7 @@ def build_report(results: dict, figures: dict[str, Path]) -> Doc:
 
     doc = Doc()
     title(doc, results)
+    read_with_care(doc, results)
     headline(doc, results)
     beside_paper(doc, results)
     claims_section(doc, results)
@@ -91,6 +96,15 @@ def build_report(results: dict, figures: dict[str, Path]) -> Doc:
     report_controls(doc, results, figures)
     provenance(doc, results)
     return doc
+
+
+def read_with_care(doc: Doc, results: dict) -> None:
+    """Every warning the run raised, first thing after the title (cautions touch the
+    headline's numbers; notes the rest)."""
+    warned = results.get("warnings") or []
+    if warned:
+        doc.h(2, "Read with care")
+        doc.ul(caution_lines(warned))
 
 
 def title(doc: Doc, results: dict) -> None:
@@ -113,7 +127,7 @@ def title(doc: Doc, results: dict) -> None:
 
 
 def headline(doc: Doc, results: dict) -> None:
-    arch = results["headline"]
+    arch = results["headline"]["architecture"]
     a = results["sweep"][arch]
     free = a["kappa"]["free"]
     sigma = results.get("sigma", {})
@@ -149,9 +163,6 @@ def headline(doc: Doc, results: dict) -> None:
         f"({' -> '.join(map(str, other['n_causal']))})" + rare_text(other, a) + "."
     )
     doc.ul(items)
-    if a["warnings"]:
-        doc.h(3, "Read with care")
-        doc.ul(a["warnings"])
 
 
 def rare_text(counted: dict, a: dict) -> str:
