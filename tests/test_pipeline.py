@@ -482,3 +482,14 @@ def test_every_warning_is_in_results_the_cli_the_report_and_the_api(
         assert "not converged" in repr(res) and "not converged" in repr(res.kappa)
         assert "NO" in next(line for line in printed.splitlines() if line.startswith("logits "))
         assert "(not converged" in report.split("## Headline")[1].split("##")[0]
+
+
+def test_the_run_says_what_it_runs_on_first(tmp_path, tiny_model, text_corpus, capsys):
+    out = tmp_path / "run"
+    args = [a for a in run_args(tiny_model("llama"), text_corpus, out) if a != "--quiet"]
+    assert cli.main(args) == 0  # not --quiet, which leaves the line out with the bars
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.startswith("causaldim run (preset default): ") and " layer 2; corpus " in first
+    r = json.loads((out / "results.json").read_text())
+    tokens = r["store"]["tokens"]
+    assert f"{tokens['train']:,} train and {tokens['eval']:,} eval tokens" in first

@@ -169,6 +169,17 @@ def check(
     )
 
 
+def plan_line(the_plan: Plan, preset: str) -> str:
+    """The run's first line: the model and layer, and the data (corpus, tokens)."""
+    cfg, splits = the_plan.config, the_plan.splits
+    return (
+        f"causaldim run (preset {preset}): {cfg.model} layer {the_plan.layer}; corpus "
+        f"{the_plan.corpus.id}: {len(splits.train) * cfg.seq_len:,} train and "
+        f"{len(splits.eval) * cfg.seq_len:,} eval tokens in sequences of {cfg.seq_len}; "
+        f"out {cfg.out}"
+    )
+
+
 def _notes(the_plan: Plan, imports: list[dict], preset_tokens: int | None) -> list[tuple[str, str]]:
     """Before the run, as (code, message): a corpus shorter than --tokens asks (and, for a
     preset that names its data, how far short of it the run is); what a sweep of imported
@@ -366,7 +377,9 @@ def run(
     `threads`: how many to compute with (default: one per core this process may use)."""
     analysis_cfg = analysis_cfg or AnalysisConfig()
     plans = check(cfg, sweep_cfg or SweepConfig(), analysis_cfg, preset=preset)
-    for _, note in plans.notes:  # not a bar: printed with --quiet too
+    if progress:  # what is about to run, on what data, before the first bar
+        print(plan_line(plans.main, preset), file=sys.stderr)
+    for _, note in plans.notes:  # what to know first: printed with --quiet too
         print(f"note: {note}", file=sys.stderr)
     faults.reset()
     # Under Ray, 'auto' is resolved by each worker (the GPU it is given, if any).
