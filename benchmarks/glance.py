@@ -24,11 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from causaldim.config import preset_configs
 from causaldim.harvest.store import Store
 from causaldim.measures import attributed
 from causaldim.measures.score import load_scores
 from causaldim.measures.sigma import accumulate, estimate, probes_per_token
+from causaldim.presets import preset_configs
 
 GLANCE = ("sigma", "analysis")
 TARGET = {"default": 0.10, "smoke": 0.20, "replicate": 0.20}

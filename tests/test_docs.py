@@ -10,7 +10,7 @@ from pathlib import Path
 import causaldim
 from causaldim import cli
 from causaldim.api import Results
-from causaldim.config import DEFAULT_RUN_MINUTES, PRESETS
+from causaldim.presets import DEFAULT_RUN_MINUTES, PRESETS
 from causaldim.report.tables import TABLES
 
 README = (Path(__file__).parents[1] / "README.md").read_text()

@@ -12,9 +12,9 @@ from conftest import gemma_scope_npz, snapshot
 
 import causaldim
 from causaldim import cli
-from causaldim.config import PRESETS, preset_configs
 from causaldim.errors import UsageError
 from causaldim.measures.sigma import DIRECT
+from causaldim.presets import PRESETS, preset_configs
 
 
 def run_args(model: str, corpus, out) -> list[str]:

@@ -12,10 +12,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from causaldim.config import field_types, preset_configs, read_config_file
 from causaldim.errors import UsageError
 from causaldim.measures.fit import FORMS, estimate_kappa
 from causaldim.measures.sigma import spectrum
+from causaldim.presets import field_types, preset_configs, read_config_file
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TYPES = field_types()

@@ -12,10 +12,11 @@ import pytest
 from conftest import snapshot
 
 from causaldim import cli, memory
-from causaldim.config import PRESETS, HarvestConfig
+from causaldim.config import HarvestConfig
 from causaldim.executors import RayExecutor
 from causaldim.harvest import plan
 from causaldim.measures import sweep as sweep_mod
+from causaldim.presets import PRESETS
 
 D = 32  # the tiny Llama's residual width
 

@@ -179,8 +179,8 @@ def measure(
     controls, ...). Finished stages of an earlier run in the same out are reused.
     `threads`: how many to compute with (default: one per core this process may use);
     torch's and BLAS's thread counts are put back afterwards."""
-    from .config import preset_configs
     from .pipeline import run
+    from .presets import preset_configs
 
     if model is not None:
         settings["model"] = model

@@ -11,16 +11,10 @@ import typing
 from pathlib import Path
 
 from . import __version__
-from .config import (
-    DEFAULT_RUN_MINUTES,
-    PRESETS,
-    AnalysisConfig,
-    HarvestConfig,
-    SweepConfig,
-    read_config_file,
-)
+from .config import AnalysisConfig, HarvestConfig, SweepConfig
 from .devices import PROFILES, planned, planning_for
 from .errors import IntegrityError, UsageError
+from .presets import DEFAULT_RUN_MINUTES, PRESETS, read_config_file
 
 
 def _add_config_args(parser: argparse.ArgumentParser, cls, preset: dict) -> None:

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 
 from . import controls, faults
-from .config import PRESETS, AnalysisConfig, HarvestConfig, SweepConfig
+from .config import AnalysisConfig, HarvestConfig, SweepConfig
 from .costs import disk_bytes
 from .devices import memory, resolve_dtype
 from .errors import UsageError
@@ -38,6 +38,7 @@ from .memory import HEADROOM, check_sae_training
 from .model.corpus import budget_tokens
 from .model.load import LoadedModel, load_model
 from .model.sites import NotABlockOutput, equivalents
+from .presets import PRESETS
 from .progress import bar as progress_bar
 from .report.render import render
 from .report.results import build_results

@@ -1,0 +1,179 @@
+"""Named sets of settings and where a run's settings come from: the presets, a --config
+file, and the checks of each value against its field's type."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from pathlib import Path
+
+from .config import AnalysisConfig, HarvestConfig, SweepConfig
+from .errors import UsageError
+
+# Wall time of `causaldim run` with the default preset on 2 CPU cores, the machine alone,
+# the embedded model converted (233 s in benchmarks/busy.py; docs/measured.md, "On a busy
+# machine"). The help and the README quote it; the report states each run's own.
+DEFAULT_RUN_MINUTES = 4
+
+# Named sets of defaults; flags given on the command line override them.
+PRESETS: dict[str, dict] = {
+    # The dataclass defaults: SmolLM2-135M layer 15, 5 widths over 16x, in about
+    # DEFAULT_RUN_MINUTES on 2 CPU cores.
+    "default": {},
+    # Every stage on a few thousand tokens: a check that the tool works, in under a minute
+    # once the embedded model is converted.
+    "smoke": {
+        "tokens": 4096,
+        "eval_fraction": 0.25,
+        "seq_len": 64,
+        "widths": [64, 128, 256, 512, 1024],
+        "k": 8,
+        "epochs": 1,
+        "batch_tokens": 256,
+        "blocks": 16,
+        "bootstrap": 50,
+        "ce_sequences": 4,
+        "out": "runs/smoke",
+    },
+    # The paper's regime on the embedded model, on a CPU in about an hour: the reference
+    # width 7.1 d (the paper's 16,384 / 2,304), a sweep of x8, the whole built-in corpus
+    # (450k tokens) and k = 64, so that the median feature of the widest SAE fires about
+    # 1,000+ times in training (tokens x epochs) and 20+ times in eval (--min-firings: at
+    # 7.5% eval the widest SAE's median feature fired 18 times, below that floor).
+    "replicate": {
+        "tokens": 450_560,
+        "eval_fraction": 0.1,
+        "widths": [4096, 8192, 16384, 32768],
+        "k": 64,
+        "epochs": 3,
+        "ce_sequences": 16,
+        "out": "runs/replicate",
+    },
+    # The paper's setting (Gemma-2-2B layer 12, widths 16,384..1,048,576, seq 512), for a
+    # GPU: bf16 compute and store, JumpReLU SAEs as in Gemma Scope; batches fill the GPU.
+    "paper": {
+        "model": "google/gemma-2-2b",
+        "layer": 12,
+        "seq_len": 512,
+        "tokens": 8_388_608,
+        "eval_fraction": 0.0625,
+        "dtype": "bfloat16",
+        "store_dtype": "bfloat16",
+        "shard_tokens": 65_536,
+        "widths": [16_384, 32_768, 65_536, 131_072, 262_144, 524_288, 1_048_576],
+        "architectures": ["jumprelu"],
+        "k": 64,
+        "epochs": 1,
+        "batch_tokens": 4096,
+        "ce_sequences": 64,
+        "blocks": 64,
+        "out": "runs/paper",
+    },
+}
+
+
+def preset_configs(
+    name: str = "default", **overrides
+) -> tuple[HarvestConfig, SweepConfig, AnalysisConfig]:
+    """The three configs of a run from a preset, with overrides by field name."""
+    if name not in PRESETS:
+        raise UsageError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    values = {**PRESETS[name], **overrides}
+    types_ = field_types()
+    for key, value in values.items():
+        if key in types_:
+            check_value(key, value, types_[key])
+    out = []
+    for cls in (HarvestConfig, SweepConfig, AnalysisConfig):
+        names = {f.name for f in dataclasses.fields(cls)}
+        out.append(cls(**{k: v for k, v in values.items() if k in names}))
+    known = {f.name for c in out for f in dataclasses.fields(c)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        hints = [
+            f"{k!r}: did you mean {close[0]!r}?"
+            for k in unknown
+            if (close := difflib.get_close_matches(k, known, n=1))
+        ]
+        raise UsageError(
+            f"unknown setting(s) {', '.join(unknown)}" + (f" ({'; '.join(hints)})" if hints else "")
+        )
+    return tuple(out)
+
+
+CONFIG_CLASSES = {"harvest": HarvestConfig, "sweep": SweepConfig, "analysis": AnalysisConfig}
+
+
+def field_types() -> dict[str, object]:
+    """Every setting's name and type, across the three configs."""
+    import typing
+
+    return {
+        name: kind
+        for cls in CONFIG_CLASSES.values()
+        for name, kind in typing.get_type_hints(cls).items()
+    }
+
+
+def check_value(name: str, value, kind) -> None:
+    """UsageError unless value has the field's type (ints pass for floats; bools are not
+    ints; None only where the field allows it)."""
+    import types
+    import typing
+
+    options = typing.get_args(kind) if isinstance(kind, types.UnionType) else (kind,)
+    for option in options:
+        if option is type(None) and value is None:
+            return
+        if typing.get_origin(option) is list:
+            (item,) = typing.get_args(option)
+            if isinstance(value, list) and all(_is(v, item) for v in value):
+                return
+        elif option is not type(None) and _is(value, option):
+            return
+    wanted = " or ".join(getattr(o, "__name__", str(o)) for o in options).replace(
+        "NoneType", "null"
+    )
+    raise UsageError(f"setting {name!r} must be {wanted}, got {value!r}")
+
+
+def _is(value, kind) -> bool:
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+def read_config_file(path: str | Path) -> dict:
+    """Settings from a JSON file: field names and values, flat or nested under harvest,
+    sweep and analysis (a results.json's "config" block can be saved and passed as is).
+    UsageError naming the fix if the file is missing, not JSON, or holds an unknown key or
+    a value of the wrong type."""
+    import json
+
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"--config {path} does not exist; pass a JSON file of settings")
+    try:
+        obj = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--config {path} is not valid JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise UsageError(f"--config {path} must hold a JSON object of settings")
+    flat = {}
+    for key, value in obj.items():
+        if key in CONFIG_CLASSES:
+            if not isinstance(value, dict):
+                raise UsageError(f"--config {path}: {key!r} must be an object of settings")
+            flat.update(value)
+        else:
+            flat[key] = value
+    types_ = field_types()
+    for key, value in flat.items():
+        if key not in types_:
+            close = difflib.get_close_matches(key, types_, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise UsageError(f"--config {path}: unknown setting {key!r}{hint}")
+        check_value(key, value, types_[key])
+    return flat
