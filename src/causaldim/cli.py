@@ -399,7 +399,9 @@ def _cmd_train(args) -> int:
     from .pipeline import train
 
     cfg, sweep_cfg = _config(args, HarvestConfig), _config(args, SweepConfig)
-    result = train(cfg, sweep_cfg, progress=not args.quiet, threads=args.threads)
+    result = train(
+        cfg, sweep_cfg, progress=not args.quiet, threads=args.threads, preset=args.preset
+    )
     ce = {}
     if result.ce is not None:
         ce = result.ce["saes"]

@@ -38,7 +38,7 @@ from .memory import HEADROOM, check_sae_training
 from .model.corpus import budget_tokens
 from .model.load import LoadedModel, load_model
 from .model.sites import NotABlockOutput, equivalents
-from .presets import PRESETS
+from .presets import PRESETS, unused_settings
 from .progress import bar as progress_bar
 from .report.render import render
 from .report.results import build_results
@@ -78,6 +78,8 @@ def check(
     came from, so that its notes can say how the run stands to the data it names). A dry
     run plans a known hub model from its shape when the hub cannot be reached, and lists
     what this machine lacks (memory, disk) instead of stopping there."""
+    own = {n for n in controls.NAMES if controls.get(n).uses_control_sweep}
+    unused = unused_settings(preset, cfg, sweep_cfg, analysis_cfg, own)
     analysis_cfg = analysis_cfg or AnalysisConfig()
     would_stop: list[str] = []
 
@@ -166,7 +168,10 @@ def check(
         selected,
         imports,
         tuple(would_stop),
-        tuple(_notes(main, imports, PRESETS["paper"]["tokens"] if preset == "paper" else None)),
+        tuple(
+            _notes(main, imports, PRESETS["paper"]["tokens"] if preset == "paper" else None)
+            + unused
+        ),
     )
 
 
@@ -469,12 +474,18 @@ class TrainResult(NamedTuple):
 
 
 def train(
-    cfg: HarvestConfig, sweep_cfg: SweepConfig, progress: bool = True, threads: int | None = None
+    cfg: HarvestConfig,
+    sweep_cfg: SweepConfig,
+    progress: bool = True,
+    threads: int | None = None,
+    preset: str = "default",
 ) -> TrainResult:
     """The pipeline up to the SAE sweep (`causaldim train`): the same checks as a run,
     the store (harvested if needed), the SAEs trained on the executor or imported from
     --sae-paths, and CE loss recovered written to OUT/saes/ce_loss_recovered.json."""
-    plans = check(cfg, sweep_cfg)
+    plans = check(cfg, sweep_cfg, preset=preset)
+    for _, note in plans.notes:
+        print(f"note: {note}", file=sys.stderr)
     faults.reset()
     executor = executor_for(plans.sweep.executor, plans.sweep.ray_address, cfg.device)
     with limited_threads(threads):

@@ -177,3 +177,105 @@ def read_config_file(path: str | Path) -> dict:
             raise UsageError(f"--config {path}: unknown setting {key!r}{hint}")
         check_value(key, value, types_[key])
     return flat
+
+
+def _training(what: str = ""):
+    """A sweep setting that only training reads: unused when the SAEs are imported."""
+
+    def reason(h: HarvestConfig, s: SweepConfig, a: AnalysisConfig, own: set[str]):
+        if s.imports:
+            flag = "--sae-paths" if s.sae_paths else "--sae-release"
+            return f"only training reads it, and with {flag} nothing is trained{what}"
+        return None
+
+    return reason
+
+
+def _with_control(names: tuple[str, ...], what: str):
+    """An analysis setting that only some controls read ("own": those whose SAEs follow
+    --control-epochs and --control-widths)."""
+
+    def reason(h: HarvestConfig, s: SweepConfig, a: AnalysisConfig, own: set[str]):
+        picked = set(a.selected_controls())
+        wanted = sorted(own) if names == ("own",) else list(names)
+        if picked & set(wanted):
+            return None
+        return f"it is read only by {what}; add --controls {' or '.join(wanted)} (or all)"
+
+    return reason
+
+
+# Settings that only some runs read, each with why a run does not: a setting given (its
+# value differs from the preset's) to a run that does not read it is said in one line,
+# never passed over in silence. The rest are read by every run.
+READ_ONLY_WHEN = {
+    "text_field": lambda h, s, a, own: (
+        f"only .jsonl files and datasets have text fields, and --corpus {h.corpus} is neither"
+        if h.corpus == "builtin" or Path(h.corpus).suffix in (".txt", ".text", ".md")
+        else None
+    ),
+    "profile_blocks": lambda h, s, a, own: (
+        None if a.profile else "only the all-layer profile reads it; add --profile"
+    ),
+    "control_epochs": _with_control(("own",), "the controls with a sweep of their own"),
+    "control_widths": _with_control(("own",), "the controls with a sweep of their own"),
+    "ablation_features": _with_control(("ablation",), "the real-ablation control"),
+    "ablation_sequences": _with_control(("ablation",), "the real-ablation control"),
+    "task_prompts": _with_control(("task",), "the task control"),
+    "depth_layers": _with_control(("depth",), "the depth control"),
+    "scale_model": _with_control(("scale",), "the scale control"),
+    "ray_address": lambda h, s, a, own: (
+        None if s.executor == "ray" else "only the Ray executor reads it; add --executor ray"
+    ),
+    **{
+        name: _training()
+        for name in (
+            "architectures",
+            "k",
+            "sae_dtype",
+            "epochs",
+            "lr",
+            "batch_tokens",
+            "dead_tokens",
+            "checkpoint_steps",
+        )
+    },
+    "widths": _training(" (the imported SAEs' widths make the sweep)"),
+}
+
+
+def unused_settings(
+    preset: str,
+    harvest: HarvestConfig,
+    sweep: SweepConfig,
+    analysis: AnalysisConfig | None,
+    control_sweeps: set[str],
+) -> list[tuple[str, str]]:
+    """(code, message) for each setting given (it differs from the preset's value) that
+    this run will not read, and why: "--task-prompts 8 is not used: it is read only by the
+    task control; add --controls task (or all)". control_sweeps: the controls whose SAEs
+    follow --control-epochs and --control-widths. Without analysis (`causaldim train`),
+    only the harvest and sweep settings are checked."""
+    defaults = {
+        f.name: PRESETS.get(preset, {}).get(
+            f.name, f.default_factory() if f.default is dataclasses.MISSING else f.default
+        )
+        for c in CONFIG_CLASSES.values()
+        for f in dataclasses.fields(c)
+    }
+    given = {
+        **dataclasses.asdict(harvest),
+        **dataclasses.asdict(sweep),
+        **(dataclasses.asdict(analysis) if analysis is not None else {}),
+    }
+    out = []
+    for name, reason_of in READ_ONLY_WHEN.items():
+        if name not in given or given[name] == defaults[name]:
+            continue
+        why = reason_of(harvest, sweep, analysis or AnalysisConfig(), control_sweeps)
+        if why:
+            value = given[name]
+            shown = " ".join(map(str, value)) if isinstance(value, list) else value
+            flag = "--" + name.replace("_", "-")
+            out.append((f"unused.{name}", f"{flag} {shown} is not used: {why}"))
+    return out
