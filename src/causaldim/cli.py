@@ -382,16 +382,17 @@ def _print_plan(the_plan, sweep_cfg, analysis_cfg, imports: list[dict]) -> None:
     )
     sec = est["seconds"]
     stages = ", ".join(f"{k} {v:,.0f}" for k, v in sec.items() if k != "total")
-    how = "stated for the planned GPU" if planned() else "measured"
+    r = est["rates"]
     print(
-        f"time, rough (matmul FLOPs / {est['matmul_flops_per_second'] / 1e9:,.0f} GFLOP/s "
-        f"{how} x {est['efficiency_assumed']} efficiency): about {sec['total'] / 60:,.1f} "
+        f"time, rough (work / speed {r['source']}: model products "
+        f"{r['model'] / 1e9:,.0f} GFLOP/s, SAE encoder {r['sae'] / 1e9:,.0f} GFLOP/s, "
+        f"{r['eig'] * 1e3:,.1f} ms an eigendecomposition): about {sec['total'] / 60:,.1f} "
         f"min ({stages} s){'; the store would be reused' if reused else ''}"
     )
     if planned():
         print(
-            "  a lower bound on a GPU: the estimate counts matmul FLOPs only (calibrated on "
-            "a CPU), not the many small eigendecompositions, attention or data movement"
+            "  a lower bound on a GPU: its stated peak matmul speed, not timed; the many "
+            "small eigendecompositions, attention and data movement reach far less of it"
         )
 
 

@@ -1,15 +1,19 @@
-"""What a run will cost, before it starts: the disk it needs and a time estimate from a
-count of matmul FLOPs per stage divided by this machine's measured matmul speed.
+"""What a run will cost, before it starts: the disk it needs and a time estimate.
 
-The estimate ignores attention's own FLOPs and data movement. On the 2-core CPU it was
-written on (large fp32 matmuls at 100-120 GFLOP/s), the default run's stages ran at 40-80%
-of that peak (the stopped forward fastest, the Sigma eigendecompositions slowest): 60% is
-assumed.
+Each stage's work is counted in three kinds, each timed here in under a second at the
+run's own shapes (`calibrate`): matmul FLOPs shaped as the model's products (the passes,
+splices and Sigma's sums), FLOPs shaped as the SAE encoder product (training and scoring),
+and d x d eigendecompositions (the corrections, fits and resamples). The estimate ignores
+attention's own FLOPs and data movement: the share of each kind's measured speed a stage
+reaches was measured on whole runs (benchmarks/busy.py, docs/measured.md).
 """
 
 from __future__ import annotations
 
+import statistics
 import time
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -20,15 +24,20 @@ from .measures import debias, profile
 from .memory import dense_batch_tokens, sae_training_bytes
 from .model.load import decoder_layers, skeleton
 
-EFFICIENCY = 0.6
+# The share of the calibrated speed whole stages reach, and a stage's seconds per
+# eigendecomposition over the calibration's, fitted to the stages of the smoke and default
+# runs on a 2-core AVX-512 CPU (benchmarks/busy.py; docs/measured.md, "The dry run's
+# estimate"): the passes lose a third to attention, norms and activations; an SAE step is
+# about half GEMMs (topk, the embedding-bag backward, copies: benchmarks/sae_step.py); the
+# corrections run their eigendecompositions one a core, side by side (threads.parallel_map).
+MODEL_EFFICIENCY = 0.65
+SAE_EFFICIENCY = 0.36
+EIG_OVERHEAD = 0.6
+# A planned GPU is not here to time: its eigendecompositions are counted as this many d^3
+# FLOPs at its stated matmul speed (about what the 2-core CPU's measured).
+EIG_D3 = 8.5
 CORRECTION_STEPS = 10  # the deconvolution settles in about this many steps (measured)
 PLUG_IN_EIGS = 8  # per reading: the estimate, its split halves and its convergence curve
-# FLOPs of one d x d eigendecomposition, in units of d^3 at the matmul speed: 12.7 ms
-# (float32) and 21 ms (float64) at d = 576 on one core of the 2-core CPU, run side by side
-# on every core (threads.parallel_map), give 3.5-6; the sigma stage of the smoke and
-# default runs (14 s and 17 s, benchmarks/busy.py) took about 8.5 with the deconvolution's
-# real step counts and the Python between the steps.
-EIG_D3 = 8.5
 TASK_PROMPT_TOKENS = 12  # a generated agreement prompt, about (controls/task.py)
 TASK_FEATURES = 96  # at most this many features really ablated (controls/task.py)
 # The share of the prompts an evaluated feature fires on (it is ablated only there):
@@ -46,26 +55,91 @@ STORE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 EXTRA_BYTES_PER_TOKEN = 4 + 4 + 4 + 1  # token, pos, seq, outlier
 
 
-def matmul_flops_per_second(
-    dtype: str = "float32", device: str = "cpu", size: int = 2048, reps: int = 5
-) -> float:
-    """The speed of a large square matmul on device: the machine's peak (a planned GPU's
-    stated speed, devices.PROFILES)."""
-    dt, device = getattr(torch, dtype), torch.device(device)
-    if device.type == "cuda" and (profile := planned()) is not None:
-        return profile.matmul_flops[dtype]
-    a = torch.randn(size, size, dtype=dt, device=device)
-    b = torch.randn(size, size, dtype=dt, device=device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    a @ b  # warm-up
+@dataclass(frozen=True)
+class Work:
+    """A stage's work in the three kinds the calibration times."""
+
+    model: float = 0.0  # FLOPs of products shaped as the model's
+    sae: float = 0.0  # FLOPs of products shaped as the SAE encoder's
+    eigs: float = 0.0  # d x d symmetric eigendecompositions
+
+    def __add__(self, other: Work) -> Work:
+        return Work(self.model + other.model, self.sae + other.sae, self.eigs + other.eigs)
+
+    def __mul__(self, k: float) -> Work:
+        return Work(self.model * k, self.sae * k, self.eigs * k)
+
+    __rmul__ = __mul__
+
+
+class Rates(NamedTuple):
+    """The speeds the estimate divides by, measured at the run's shapes (or, for a
+    planned GPU, its stated matmul speed)."""
+
+    model: float  # FLOP/s of a [batch x seq, d] @ [d, d_ff] product in the model's dtype
+    sae: float  # FLOP/s of a [batch_tokens, d] @ [d, width] product in the SAE dtype
+    eig: float  # seconds of one d x d eigendecomposition (float32, as debias computes)
+    source: str  # "measured here" or "stated for <GPU>"
+
+    def seconds(self, work: Work) -> float:
+        return (
+            work.model / (self.model * MODEL_EFFICIENCY)
+            + work.sae / (self.sae * SAE_EFFICIENCY)
+            + work.eigs * self.eig * EIG_OVERHEAD
+        )
+
+
+def _median_seconds(fn, reps: int, sync) -> float:
+    fn()  # warm-up
     sync()
-    best = float("inf")
+    times = []
     for _ in range(reps):
         t = time.perf_counter()
-        a @ b
+        fn()
         sync()
-        best = min(best, time.perf_counter() - t)
-    return 2 * size**3 / best
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def calibrate(
+    d: int,
+    d_ff: int,
+    model_rows: int,
+    sae_rows: int,
+    width: int,
+    dtype: str = "float32",
+    sae_dtype: str = "float32",
+    device: str = "cpu",
+) -> Rates:
+    """Time, on device, one product of each shape a run computes and one d x d
+    eigendecomposition (the median of a few repetitions: what the machine gives now, busy
+    or not). A planned GPU (devices.planning_for) is not timed: its stated speed."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and (gpu := planned()) is not None:
+        model, sae = gpu.matmul_flops[dtype], gpu.matmul_flops[sae_dtype]
+        return Rates(model, sae, EIG_D3 * d**3 / model, f"stated for {gpu.name}")
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+
+    def product_rate(rows: int, cols: int, dt: str) -> float:
+        a = torch.randn(rows, d, dtype=getattr(torch, dt), device=dev)
+        b = torch.randn(d, cols, dtype=getattr(torch, dt), device=dev)
+        return 2 * rows * d * cols / _median_seconds(lambda: a @ b, 7, sync)
+
+    x = torch.randn(d, d, device=dev)
+    spd = x @ x.T + d * torch.eye(d, device=dev)
+    eig = _median_seconds(lambda: torch.linalg.eigvalsh(spd), 5, sync)
+    return Rates(
+        product_rate(min(model_rows, 4096), d_ff, dtype),
+        product_rate(min(sae_rows, 4096), min(width, 16_384), sae_dtype),
+        eig,
+        "measured here",
+    )
+
+
+def d_ff(the_plan: Plan) -> int:
+    """The width of the model's MLP (4 d where its config does not say)."""
+    config = skeleton(the_plan.source).config
+    return getattr(config, "intermediate_size", None) or 4 * the_plan.source.d_model
 
 
 def parameter_counts(the_plan: Plan) -> dict[str, int]:
@@ -103,31 +177,38 @@ def disk_bytes(the_plan: Plan, sweep: SweepConfig | None) -> dict[str, int]:
     return {"store": store, "saes": sae, "total": store + sae}
 
 
-def correction_flops(n_eval: int, d: int, readings: int, b: debias.Budget = debias.FULL) -> float:
+def correction_work(n_eval: int, d: int, readings: int, b: debias.Budget = debias.FULL) -> Work:
     """The finite-sample correction (measures/debias.py) of each direct reading: its
     eigendecompositions (the point, about CORRECTION_STEPS deconvolution steps of b.draws
     each; the half-blocks estimate and each jackknife replicate, a few steps from it) and
     its simulated sampling of n_eval weighted Gaussian samples per draw."""
     eigs = b.draws * (CORRECTION_STEPS + b.half_iterations)
     eigs += b.groups * (1 + b.replicate_draws * b.replicate_iterations)
-    sims = b.draws
-    return readings * (eigs * EIG_D3 * d**3 + sims * 2 * n_eval * d * d)
+    return readings * Work(model=b.draws * 2 * n_eval * d * d, eigs=eigs)
 
 
-def analysis_flops(d: int, n_widths: int) -> float:
+def sigma_work(n_eval: int, d: int, probes: int, readings: int, b: debias.Budget) -> Work:
+    """One layer's direct readings: every reading's sum of u u^T over the eval tokens,
+    the plug-in estimates (PLUG_IN_EIGS each) and the correction."""
+    sums = Work(model=4 * 2 * n_eval * d * d * (1 + probes / 2))
+    plug_in = Work(eigs=(1 + readings) * PLUG_IN_EIGS)
+    return sums + plug_in + correction_work(n_eval, d, readings, b)
+
+
+def analysis_work(n_widths: int) -> Work:
     """kappa_SAE of each width: its point and each resample, a d x d eigendecomposition."""
     from .measures.attributed import RESAMPLES
 
-    return n_widths * (1 + RESAMPLES) * EIG_D3 * d**3
+    return Work(eigs=n_widths * (1 + RESAMPLES))
 
 
-def control_flops(
-    the_plan: Plan, sweep: SweepConfig, analysis: AnalysisConfig, layer_flops: dict
-) -> dict[str, float]:
+def control_work(
+    the_plan: Plan, sweep: SweepConfig, analysis: AnalysisConfig, layer_work: dict[str, Work]
+) -> dict[str, Work]:
     """The controls that cost more than a few seconds: the real ablations (a forward of
     the blocks above L and the head per feature over the sequences it is ablated on), the
     task control's clean passes and ablations on short prompts, and the depth control's
-    other layers (each measured as the run's layer is: `layer_flops`). The synthetic
+    other layers (each measured as the run's layer is: `layer_work`). The synthetic
     control is counted in steps (synthetic_steps)."""
 
     cfg, params = the_plan.config, parameter_counts(the_plan)
@@ -139,11 +220,14 @@ def control_flops(
     out = {}
     if "ablation" in picked:
         features = 1 + analysis.ablation_features * len(sweep.widths)
-        out["control.ablation"] = above * features * analysis.ablation_sequences * cfg.seq_len
+        out["control.ablation"] = Work(
+            model=above * features * analysis.ablation_sequences * cfg.seq_len
+        )
     if "task" in picked:
         tokens = analysis.task_prompts * TASK_PROMPT_TOKENS
-        out["control.task"] = 3 * model * tokens + 2 * params["above_layer"] * tokens * (
-            TASK_FEATURES * TASK_FIRING_SHARE
+        out["control.task"] = Work(
+            model=3 * model * tokens
+            + 2 * params["above_layer"] * tokens * (TASK_FEATURES * TASK_FIRING_SHARE)
         )
     # the controls' own sweeps (depth, architectures): one architecture each, at
     # --control-widths and --control-epochs where given
@@ -152,14 +236,14 @@ def control_flops(
     lighter = (sum(widths) * (analysis.control_epochs or sweep.epochs)) / (
         sum(sweep.widths) * sweep.epochs
     )
-    one_sweep = (
-        lighter * layer_flops["sweep"]
-        + len(widths) / len(sweep.widths) * (layer_flops["scores"] + layer_flops["analysis"])
-    ) / n_arch
+    one_sweep = (1 / n_arch) * (
+        lighter * layer_work["sweep"]
+        + len(widths) / len(sweep.widths) * (layer_work["scores"] + layer_work["analysis"])
+    )
     if "depth" in picked:
         # with a lighter sweep of its own it measures the headline layer again too
         layers = len(the_plan.store_dirs) - (0 if analysis.lighter_controls else 1)
-        out["control.depth"] = layers * (layer_flops["sigma"] + one_sweep)
+        out["control.depth"] = layers * (layer_work["sigma"] + one_sweep)
     if "architectures" in picked and analysis.lighter_controls:
         out["control.architectures"] = 3 * one_sweep
     return out
@@ -179,8 +263,10 @@ def estimate(
     the_plan: Plan,
     sweep: SweepConfig,
     analysis: AnalysisConfig,
-    flops_per_second: float | None = None,
+    rates: Rates | None = None,
 ) -> dict:
+    """The run's tokens, parameters, disk, memory and seconds per stage; rates: measured
+    here (calibrate) unless given."""
     cfg = the_plan.config
     d, seq = the_plan.source.d_model, cfg.seq_len
     n_train, n_eval = len(the_plan.splits.train) * seq, len(the_plan.splits.eval) * seq
@@ -201,32 +287,38 @@ def estimate(
     blocks_above = sum(params["per_block"][lowest + 1 :])
     backward = (up + blocks_above) if analysis.profile else blocks_above
     head_products = cfg.logit_probes + 1
-    sums = 4 * 2 * n_eval * d * d * (1 + probes / 2)  # every reading's sum of u u^T
-    flops = {
-        "harvest_train": 2 * up_train * n_train,
-        "harvest_eval": 2 * (up + above) * n_eval
-        + ((1 + probes) * backward + head_products * params["head"]) * 2 * n_eval,
-        "sigma": sums
-        + (1 + direct) * PLUG_IN_EIGS * EIG_D3 * d**3
-        + correction_flops(n_eval, d, direct),
+    work = {
+        "harvest_train": Work(model=2 * up_train * n_train),
+        "harvest_eval": Work(
+            model=2 * (up + above) * n_eval
+            + ((1 + probes) * backward + head_products * params["head"]) * 2 * n_eval
+        ),
+        "sigma": sigma_work(n_eval, d, probes, direct, debias.FULL),
         # the sparse step (sae/sparse.py): the dense encoder product (2 d m a token) and
         # the selection among its m outputs; the rest touches only the kept entries.
         # About 4 d m a token, measured on the default sweep. Imported SAEs train nothing.
-        "sweep": 0 if sweep.imports else 4 * d * width_sum * n_train * sweep.epochs,
-        "ce_loss_recovered": 2 * (up + above) * sweep.ce_sequences * seq * (2 + n_saes),
-        "scores": 4 * d * width_sum * n_eval,
-        "analysis": analysis_flops(d, len(sweep.widths) * len(sweep.architectures)),
+        "sweep": Work(sae=0 if sweep.imports else 4 * d * width_sum * n_train * sweep.epochs),
+        "ce_loss_recovered": Work(model=2 * (up + above) * sweep.ce_sequences * seq * (2 + n_saes)),
+        "scores": Work(sae=4 * d * width_sum * n_eval),
+        "analysis": analysis_work(len(sweep.widths) * len(sweep.architectures)),
     }
-    flops.update(control_flops(the_plan, sweep, analysis, flops))
+    work.update(control_work(the_plan, sweep, analysis, work))
     if analysis.profile:
-        n_layers = the_plan.source.n_layers
-        flops["profile"] = n_layers * (
-            sums
-            + (1 + direct) * PLUG_IN_EIGS * EIG_D3 * d**3
-            + correction_flops(n_eval, d, direct, debias.LIGHT)
+        work["profile"] = the_plan.source.n_layers * sigma_work(
+            n_eval, d, probes, direct, debias.LIGHT
         )
-    speed = (flops_per_second or matmul_flops_per_second(cfg.dtype, cfg.device)) * EFFICIENCY
-    seconds = {k: v / speed for k, v in flops.items()}
+    if rates is None:
+        rates = calibrate(
+            d,
+            d_ff(the_plan),
+            cfg.batch_size * seq,
+            sweep.batch_tokens,
+            max(sweep.widths),
+            cfg.dtype,
+            sweep.sae_dtype,
+            cfg.device,
+        )
+    seconds = {k: rates.seconds(w) for k, w in work.items()}
     weight_bytes = the_plan.pass_memory.weights
     seconds = {"start": START_SECONDS + weight_bytes / LOAD_BYTES_PER_SECOND, **seconds}
     if "synthetic" in analysis.selected_controls():
@@ -242,8 +334,7 @@ def estimate(
         "saes": n_saes,
         "disk_bytes": disk_bytes(the_plan, sweep),
         "memory": memory_plan(the_plan, sweep, analysis),
-        "matmul_flops_per_second": speed / EFFICIENCY,
-        "efficiency_assumed": EFFICIENCY,
+        "rates": rates._asdict(),
         "seconds": {**seconds, "total": sum(seconds.values())},
     }
 

@@ -1,0 +1,35 @@
+"""The dry run's time estimate: work counted in three kinds, divided by speeds measured
+here at the run's shapes (or a planned GPU's stated ones)."""
+
+from __future__ import annotations
+
+import pytest
+
+from causaldim import costs
+from causaldim.devices import PROFILES, planning_for
+
+
+def test_calibration_times_this_machine_at_the_runs_shapes():
+    rates = costs.calibrate(d=64, d_ff=256, model_rows=512, sae_rows=256, width=1024)
+    assert rates.source == "measured here"
+    assert rates.model > 1e6 and rates.sae > 1e6 and 0 < rates.eig < 1
+
+
+def test_a_planned_gpu_is_not_timed_but_taken_at_its_stated_speed():
+    with planning_for("h100"):
+        rates = costs.calibrate(64, 256, 512, 256, 1024, "bfloat16", "float32", "cuda")
+    stated = PROFILES["h100"].matmul_flops
+    assert (rates.model, rates.sae) == (stated["bfloat16"], stated["float32"])
+    assert rates.source.startswith("stated for ")
+
+
+def test_each_kind_of_work_is_divided_by_its_own_speed():
+    rates = costs.Rates(model=1e9, sae=2e9, eig=0.01, source="given")
+    model = costs.Work(model=costs.MODEL_EFFICIENCY * 1e9)  # 1 s of model products
+    sae = costs.Work(sae=costs.SAE_EFFICIENCY * 4e9)  # 2 s of SAE products
+    eigs = costs.Work(eigs=100 / costs.EIG_OVERHEAD)  # 1 s of eigendecompositions
+    assert rates.seconds(model) == pytest.approx(1.0)
+    assert rates.seconds(sae) == pytest.approx(2.0)
+    assert rates.seconds(eigs) == pytest.approx(1.0)
+    assert rates.seconds(model + 2 * sae + eigs) == pytest.approx(6.0)
+    assert rates._replace(model=2e9).seconds(model) == pytest.approx(0.5)
