@@ -23,7 +23,7 @@ from causaldim.report.cautions import collect, headline_object, touching_headlin
 from causaldim.report.direct import direct_sigma, sigma_table
 from causaldim.report.doc import Doc
 from causaldim.report.figures import plot_atp, plot_sigma, plot_wedge
-from causaldim.report.fmt import ci, growth, num, pct, sci
+from causaldim.report.fmt import ci, features, growth, num, pct, sci
 from causaldim.report.render import figure_plan, render
 from causaldim.report.results import SCHEMA, load_results
 from causaldim.report.results import direct_kappa as direct_number
@@ -411,6 +411,12 @@ def test_fmt_writes_numbers_as_documented_and_missing_values_as_na():
     assert [sci(None), sci([])] == ["[n/a]"] * 2
     assert sci([1.2345e-5, 2e-5]) == "[1.23e-05, 2e-05]"
     assert growth(None) == "n/a" and growth(2.3456) == "x2.35"
+    assert [features(None), features(0.2), features(9880.4), features(math.inf)] == [
+        "n/a",
+        "< 1 feature",
+        "9,880 features",
+        "never",
+    ]
 
 
 def test_doc_markdown_writes_each_block(tmp_path):
@@ -481,7 +487,8 @@ def test_headline_quotes_the_fits_the_direct_estimates_and_the_wedge():
     assert (
         "- SAE estimate (topk, hyperbolic fit chosen by AICc): kappa_hat = 433, 95% bootstrap "
         "interval [311, 698]; kappa_hat / d = 0.75; coverage at the widest SAE "
-        "N_causal(m_max) / kappa_hat = 69.6%; 95% of kappa_hat is reached at width 9,880."
+        "N_causal(m_max) / kappa_hat = 69.6%; 95% of kappa_hat is reached at a width of 9,880 "
+        "features."
     ) in md
     assert "- Constrained to kappa <= d: kappa_hat = 433 [311, 576] (hyperbolic)." in md
     assert md.index("Direct kappa") < md.index("SAE estimate")  # the direct one leads
@@ -548,7 +555,7 @@ def test_beside_paper_sets_each_number_of_the_run_beside_the_papers():
         "| direct kappa (erank, gauge-invariant logits reading, corrected) | 258 [242, 275] |  |",
         "| kappa_PR (direct, the same reading, U-statistics) | 94.7 [87, 103] | 280 |",
         "| coverage at the widest SAE | 69.6% | 72.0% |",
-        "| width for 95% of kappa_hat (features) | 9,880 | 2,600,000 |",
+        "| width for 95% of kappa_hat | 9,880 features | 2,600,000 features |",
     ):
         assert row in md
 
@@ -585,7 +592,10 @@ def test_sweeps_with_a_binding_constraint_give_two_fit_tables():
     assert f"Saturating fits (free), {chosen}" in md
     assert f"Saturating fits (kappa <= d), {chosen}" in md
     assert "binds no fit" not in md
-    header = "| form | kappa_hat | 95% CI | AICc | AIC | width for 95% | won in resamples | note |"
+    header = (
+        "| form | kappa_hat | 95% CI | AICc | AIC | width for 95% (features) | won in resamples "
+        "| note |"
+    )
     assert md.count(header) == 2
     free, bounded = md.split("Saturating fits (kappa <= d)")
     assert "| exponential | 318 | [280, 372] | 24.52 | 14.52 | 4,201 | 21.5% |  |" in free
@@ -699,7 +709,7 @@ def test_missing_values_render_as_na():
     results = without_bootstrap()
     md = text(headline, beside_paper, sweeps, direct_sigma, results=results)
     assert "kappa_hat = 433, 95% bootstrap interval [n/a]" in md
-    assert "N_causal(m_max) / kappa_hat = n/a; 95% of kappa_hat is reached at width n/a." in md
+    assert "N_causal(m_max) / kappa_hat = n/a; 95% of kappa_hat is reached at a width of n/a." in md
     assert "Constrained to kappa <= d: kappa_hat = 433 [n/a] (hyperbolic)." in md
     # without logit probes there is no direct kappa: fisher stands beside, by name
     assert "- Direct kappa: not measured (the run had no logit probes)." in md
@@ -717,7 +727,7 @@ def test_missing_values_render_as_na():
     ) in md
     assert "| kappa_PR (direct, the same reading, U-statistics) | n/a | 280 |" in md
     assert "| coverage at the widest SAE | n/a | 72.0% |" in md
-    assert "| width for 95% of kappa_hat (features) | n/a | 2,600,000 |" in md
+    assert "| width for 95% of kappa_hat | n/a | 2,600,000 features |" in md
     assert "95% interval [n/a]); 8,192 eval tokens in 32 blocks, 0 bootstrap resamples" in md
     assert "| 1,024 | 1,010 | [n/a] | 41 | [n/a] | 95.9% | n/a | n/a | n/a | n/a |" in md
     assert "| hyperbolic | 433 | [n/a] | 19.87 | 9.87 | 9,880 | n/a |  |" in md

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from ..measures.sigma import HEADLINE
-from .fmt import ci, num, pct
+from .fmt import ci, features, num, pct
 from .paper_figures import figures, headline_sweep, over_d, reading
 
 HOLDS, FAILS, UNTESTABLE = "holds", "does not hold", "not testable here"
@@ -159,7 +159,9 @@ def kappa_pr(results: dict) -> tuple[str, str, str]:
 
 def coverage(results: dict) -> tuple[str, str, str]:
     a, f = headline_sweep(results), figures(results)
-    shown = f"{f['coverage'].this_run} at the widest SAE; 95% at width {f['width_95'].this_run}"
+    shown = (
+        f"{f['coverage'].this_run} at the widest SAE; 95% at a width of {f['width_95'].this_run}"
+    )
     if not a["estimable"]:
         return shown, UNTESTABLE, f"kappa_hat is not estimable: {a['not_estimable']}"
     free, widest = a["kappa"]["free"], a["per_width"][-1]["width"]
@@ -170,7 +172,7 @@ def coverage(results: dict) -> tuple[str, str, str]:
         return (
             shown,
             HOLDS,
-            f"the widest SAE ({widest:,}) covers {pct(cov)}; 95% needs width {num(width_95)}",
+            f"the widest SAE ({widest:,}) covers {pct(cov)}; 95% needs {features(width_95)}",
         )
     return shown, FAILS, f"the widest SAE ({widest:,}) already covers {pct(cov)} of kappa_hat"
 

@@ -14,6 +14,17 @@ def num(x, digits: int = 1) -> str:
     return f"{x:,.{digits}f}"
 
 
+def features(x, unit: bool = True) -> str:
+    """A width, in features: a whole count ("< 1" where a fit saturates before one);
+    unit=False for a column whose header names the unit."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    if math.isinf(x):
+        return "never"
+    count = "< 1" if x < 1 else f"{x:,.0f}"
+    return f"{count} {'feature' if x < 1 else 'features'}" if unit else count
+
+
 def pct(x) -> str:
     return "n/a" if x is None or math.isnan(x) else f"{100 * x:.1f}%"
 

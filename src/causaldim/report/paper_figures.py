@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 from ..measures.sigma import HEADLINE
 from .direct import flagged
-from .fmt import ci, growth, num, pct
+from .fmt import ci, features, growth, num, pct
 
 
 class Figure(NamedTuple):
@@ -112,9 +112,9 @@ def figures(results: dict) -> dict[str, Figure]:
             pct(paper["coverage"]),
         ),
         "width_95": Figure(
-            "width for 95% of kappa_hat (features)",
-            num(free["width_95"]) if estimable else "n/a",
-            f"{paper['width_full_recovery']:,}",
+            "width for 95% of kappa_hat",
+            features(free["width_95"]) if estimable else "n/a",
+            f"{paper['width_full_recovery']:,} features",
         ),
     }
 

@@ -12,7 +12,7 @@ from .cautions import lines as caution_lines
 from .claims import VERDICTS, claims
 from .direct import direct_kappa, direct_sigma, profile_section
 from .doc import Doc
-from .fmt import ci, growth, num, pct, sci
+from .fmt import ci, features, growth, num, pct, sci
 from .paper_figures import figures as paper_figures
 from .paper_figures import growth_ci, reading
 
@@ -142,7 +142,7 @@ def headline(doc: Doc, results: dict) -> None:
             f"{free['kappa']:,.0f}, 95% bootstrap interval {ci(free['interval_95'])}; "
             f"kappa_hat / d = {free['kappa_over_d']:.2f}; coverage at the widest SAE "
             f"N_causal(m_max) / kappa_hat = {pct(free['coverage'])}; 95% of kappa_hat is "
-            f"reached at width {num(free['width_95'])}.",
+            f"reached at a width of {features(free['width_95'])}.",
             f"Constrained to kappa <= d: kappa_hat = {bounded['kappa']:,.0f} "
             f"{ci(bounded['interval_95'])} ({bounded['form']}).",
         ]
@@ -293,7 +293,7 @@ def sweeps(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
                     "95% CI",
                     "AICc",
                     "AIC",
-                    "width for 95%",
+                    "width for 95% (features)",
                     "won in resamples",
                     "note",
                 ],
@@ -304,7 +304,7 @@ def sweeps(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
                         ci(fit["interval_95"]),
                         num(fit["aicc"], 2),
                         f"{fit['aic']:.2f}",
-                        num(fit["width_95"]),
+                        features(fit["width_95"], unit=False),
                         pct(k["form_frequency"].get(form, math.nan)),
                         f"{fit['at_bound']} at its bound" if fit["at_bound"] else "",
                     ]
