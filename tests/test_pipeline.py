@@ -452,18 +452,20 @@ def test_every_warning_is_in_results_the_cli_the_report_and_the_api(
     tmp_path, tiny_model, text_corpus, capsys
 ):
     """A tiny run raises several (its N_causal does not grow, its corpus is shorter than
-    --tokens asks; its direct readings may not converge): each
+    --tokens asks, it is given a flag it does not read; its direct readings may not
+    converge): each
     one, by code, in results.json, the CLI's output, the report's Read with care (which
     opens it) and Results.warnings; the unconverged headline flagged in each place."""
     import causaldim
 
     out = tmp_path / "run"
-    args = run_args(tiny_model("llama"), text_corpus, out) + ["--tokens", "100000000"]
+    args = run_args(tiny_model("llama"), text_corpus, out)
+    args += ["--tokens", "100000000", "--task-prompts", "8"]  # the second: not read
     assert cli.main([*args, "--quiet"]) == 0
     printed = capsys.readouterr().out
     r = json.loads((out / "results.json").read_text())
     codes = [w["code"] for w in r["warnings"]]
-    assert {"run.corpus_short", "sae.topk.not_estimable"} <= set(codes)
+    assert {"run.corpus_short", "run.unused.task_prompts", "sae.topk.not_estimable"} <= set(codes)
     assert len(set(codes)) == len(codes)
     assert all(w["severity"] in ("caution", "note") and w["message"] for w in r["warnings"])
     report = (out / "report.md").read_text()
