@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from test_pipeline import run_args
 
 from causaldim import cli, controls
 from causaldim.presets import (
@@ -91,8 +92,6 @@ def test_every_preset_sets_only_what_its_runs_read(preset):
 def test_the_dry_run_and_the_run_say_which_flags_they_do_not_read(
     tmp_path, tiny_model, text_corpus, capsys
 ):
-    from tests.test_pipeline import run_args
-
     out = tmp_path / "run"
     args = run_args(tiny_model("llama"), text_corpus, out) + ["--task-prompts", "8"]
     assert cli.main([*args, "--profile-blocks", "4", "--dry-run"]) == 0

@@ -15,7 +15,7 @@ from huggingface_hub import errors
 from safetensors.torch import save_file
 from test_pipeline import run_args
 
-from causaldim import cli, pipeline
+from causaldim import checks, cli
 from causaldim import hub as hf
 from causaldim.config import SweepConfig
 from causaldim.errors import UsageError
@@ -148,7 +148,7 @@ def test_the_check_reads_each_imports_site_before_any_weights(
     fake_hub, harvest_config, no_model_work
 ):
     sweep = SweepConfig(sae_release=REPO, sae_ids=["blocks.3.hook_resid_pre", "layers.2"])
-    plans = pipeline.check(harvest_config(), sweep)
+    plans = checks.check(harvest_config(), sweep)
     assert [(i["format"], i["site"], i["block"]) for i in plans.imports] == [
         ("saelens", "blocks.3.hook_resid_pre", 2),
         ("sparsify", "layers.2", 2),
@@ -163,7 +163,7 @@ def test_an_sae_whose_metadata_names_nothing_passes_as_site_unknown(
     sae = build(SAEConfig("relu", D, 48))
     sae.reset(torch.Generator().manual_seed(0))  # built weights are uninitialised memory
     export_saelens(sae, tmp_path / "unnamed")
-    plans = pipeline.check(harvest_config(), SweepConfig(sae_paths=[str(tmp_path / "unnamed")]))
+    plans = checks.check(harvest_config(), SweepConfig(sae_paths=[str(tmp_path / "unnamed")]))
     assert plans.imports[0]["site"] == "unknown" and plans.imports[0]["block"] is None
 
 
@@ -174,10 +174,10 @@ def test_an_export_of_the_layer_passes_and_of_another_is_refused(
     sae.reset(torch.Generator().manual_seed(0))  # built weights are uninitialised memory
     export_saelens(sae, tmp_path / "here", layer=2)
     export_saelens(sae, tmp_path / "there", layer=3)
-    plans = pipeline.check(harvest_config(), SweepConfig(sae_paths=[str(tmp_path / "here")]))
+    plans = checks.check(harvest_config(), SweepConfig(sae_paths=[str(tmp_path / "here")]))
     assert plans.imports[0]["site"] == "blocks.2.hook_resid_post"
     with pytest.raises(UsageError, match=r"names blocks.3.hook_resid_post \(the output of block 3"):
-        pipeline.check(harvest_config(), SweepConfig(sae_paths=[str(tmp_path / "there")]))
+        checks.check(harvest_config(), SweepConfig(sae_paths=[str(tmp_path / "there")]))
 
 
 def test_a_run_of_a_release_records_each_saes_provenance_and_flags_their_l0s(
@@ -368,7 +368,7 @@ def test_a_trained_sae_records_its_site_and_is_refused_at_another_layer(
     assert entry.meta["hook_name"] == "blocks.2.hook_resid_post"
     assert "hook_name" not in entry.meta["request"]  # earlier SAEs stay reusable
     with pytest.raises(UsageError, match=r"names blocks.2.hook_resid_post \(the output of block 2"):
-        pipeline.check(harvest_config(layer=1), SweepConfig(sae_paths=[str(entry.folder)]))
+        checks.check(harvest_config(layer=1), SweepConfig(sae_paths=[str(entry.folder)]))
 
 
 def test_train_imports_a_release_as_run_does(tmp_path, fake_hub, tiny_model, text_corpus):
@@ -426,7 +426,7 @@ def test_a_release_goes_through_the_same_reader_as_sae_paths(
     folder = saelens_folder(
         fake_hub.snapshot / "blocks.2.hook_resid_post", "topk", rescale_acts_by_decoder_norm=True
     )
-    plans = pipeline.check(
+    plans = checks.check(
         harvest_config(), SweepConfig(sae_release=REPO, sae_ids=["blocks.2.hook_resid_post"])
     )
     cfg = json.loads((folder / "cfg.json").read_text())
@@ -438,4 +438,4 @@ def test_a_release_goes_through_the_same_reader_as_sae_paths(
     sparsify_folder(fake_hub.snapshot / "layers.2.transcoder", transcode=True)
     sweep = SweepConfig(sae_release=REPO, sae_ids=["layers.2.transcoder"])
     with pytest.raises(UsageError, match="sparsify transcode: true is a transcoder"):
-        pipeline.check(harvest_config(), sweep)
+        checks.check(harvest_config(), sweep)
