@@ -13,15 +13,9 @@ from conftest import hub_http_error, make_text, snapshot
 
 from causaldim import cli
 from causaldim.errors import UsageError
-from causaldim.model import corpus as corpus_mod
-from causaldim.model.corpus import (
-    budget_tokens,
-    corpus_for,
-    is_hub_name,
-    load_corpus,
-    split,
-    tokenize,
-)
+from causaldim.model import hub_corpus as corpus_mod
+from causaldim.model.corpus import budget_tokens, load_corpus, split, tokenize
+from causaldim.model.hub_corpus import corpus_for, is_hub_name
 from causaldim.model.load import load_tokenizer, resolve_model
 
 datasets = pytest.importorskip("datasets")

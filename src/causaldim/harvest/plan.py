@@ -15,7 +15,8 @@ from ..config import HarvestConfig
 from ..devices import resolve_device, resolve_dtype
 from ..errors import UsageError
 from ..memory import ModelPassMemory, model_batch_size, model_pass_memory
-from ..model.corpus import Corpus, Splits, corpus_for, is_hub_name, load_corpus, split
+from ..model.corpus import Corpus, Splits, load_corpus, split
+from ..model.hub_corpus import corpus_for, is_hub_name
 from ..model.load import (
     ModelSource,
     decoder_layers,
