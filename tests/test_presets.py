@@ -12,6 +12,7 @@ from causaldim.presets import (
     CONFIG_CLASSES,
     PRESETS,
     READ_ONLY_WHEN,
+    command_for,
     preset_configs,
     unused_settings,
 )
@@ -99,3 +100,27 @@ def test_the_dry_run_and_the_run_say_which_flags_they_do_not_read(
     assert any(n.startswith("note: --task-prompts 8 is not used") for n in notes)
     assert any("--profile-blocks 4 is not used" in n and "add --profile" in n for n in notes)
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("preset", "settings"),
+    [
+        ("default", {}),
+        ("smoke", {"layer": 3, "k": 4, "epochs": 2, "include_outliers": True}),
+        (
+            "replicate",
+            {"profile": True, "controls": ["all"], "control_widths": [4096, 8192], "out": "x"},
+        ),
+    ],
+)
+def test_the_command_a_report_gives_runs_with_the_same_settings(preset, settings):
+    import shlex
+
+    from causaldim.cli import _config, _parser
+
+    configs = preset_configs(preset, **settings)
+    config = dict(zip(CONFIG_CLASSES, (c.to_dict() for c in configs), strict=True))
+    command = command_for(preset, config)
+    assert command.startswith("causaldim run") and ("--preset" in command) == (preset != "default")
+    args = _parser(dict(PRESETS[preset])).parse_args(shlex.split(command)[1:])
+    assert tuple(_config(args, type(c)) for c in configs) == configs

@@ -104,6 +104,17 @@ def preset_configs(
 CONFIG_CLASSES = {"harvest": HarvestConfig, "sweep": SweepConfig, "analysis": AnalysisConfig}
 
 
+def preset_values(preset: str) -> dict:
+    """Every setting's value under a preset: its own, else the field's default."""
+    return {
+        f.name: PRESETS.get(preset, {}).get(
+            f.name, f.default_factory() if f.default is dataclasses.MISSING else f.default
+        )
+        for c in CONFIG_CLASSES.values()
+        for f in dataclasses.fields(c)
+    }
+
+
 def field_types() -> dict[str, object]:
     """Every setting's name and type, across the three configs."""
     import typing
@@ -256,13 +267,7 @@ def unused_settings(
     task control; add --controls task (or all)". control_sweeps: the controls whose SAEs
     follow --control-epochs and --control-widths. Without analysis (`causaldim train`),
     only the harvest and sweep settings are checked."""
-    defaults = {
-        f.name: PRESETS.get(preset, {}).get(
-            f.name, f.default_factory() if f.default is dataclasses.MISSING else f.default
-        )
-        for c in CONFIG_CLASSES.values()
-        for f in dataclasses.fields(c)
-    }
+    defaults = preset_values(preset)
     given = {
         **dataclasses.asdict(harvest),
         **dataclasses.asdict(sweep),
@@ -279,3 +284,27 @@ def unused_settings(
             flag = "--" + name.replace("_", "-")
             out.append((f"unused.{name}", f"{flag} {shown} is not used: {why}"))
     return out
+
+
+# Resolved for the machine that ran (device, dtypes, batch): a re-run resolves its own.
+_RESOLVED = ("device", "dtype", "sae_dtype", "batch_size")
+
+
+def command_for(preset: str, config: dict) -> str:
+    """The `causaldim run` command that gives a results.json's settings (its "config"
+    block): the preset, and every setting whose value differs from the preset's (those
+    resolved for the machine that ran left out)."""
+    defaults = preset_values(preset)
+    flags = ["causaldim run"] + ([] if preset == "default" else [f"--preset {preset}"])
+    for part in CONFIG_CLASSES:
+        for name, value in config.get(part, {}).items():
+            if name in _RESOLVED or name not in defaults or value == defaults[name]:
+                continue
+            flag = "--" + name.replace("_", "-")
+            if isinstance(value, bool):
+                flags.append(flag if value else f"--no-{flag[2:]}")
+            elif isinstance(value, list):
+                flags.append(f"{flag} {' '.join(map(str, value))}")
+            elif value is not None:
+                flags.append(f"{flag} {value}")
+    return " ".join(flags)

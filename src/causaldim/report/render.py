@@ -69,6 +69,7 @@ def write_claims(runs: list[Path], out: Path | None) -> str:
     each, as Markdown; written to out if given: a new file, or one this wrote before
     (nothing else is overwritten)."""
     from ..errors import UsageError
+    from ..presets import command_for
     from .doc import Doc
     from .sections import claims_section
 
@@ -82,6 +83,7 @@ def write_claims(runs: list[Path], out: Path | None) -> str:
     for path, results in loaded:
         s, model = results["store"], results["inputs"]["model"]["name"]
         doc.h(2, f"{model} layer {s['layer']}, preset {results['preset']}: {path}")
+        doc.p(f"Run as `{command_for(results['preset'], results['config'])}`.")
         claims_section(doc, results, level=3)
     text = CLAIMS_MARK + "\n\n" + doc.markdown(out.parent if out else Path.cwd())
     if out is not None:

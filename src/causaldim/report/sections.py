@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from ..model.sites import aliases
+from ..presets import command_for
 from .cautions import lines as caution_lines
 from .claims import VERDICTS, claims
 from .direct import direct_kappa, direct_sigma, profile_section
@@ -124,6 +125,7 @@ def title(doc: Doc, results: dict) -> None:
         f"{results['causaldim_version']}, {results['seconds']['total']:.0f} s "
         f"({results['seconds']['total'] / 60:.1f} min) in all."
     )
+    doc.p(f"The same settings: `{command_for(results['preset'], results['config'])}`.")
 
 
 def headline(doc: Doc, results: dict) -> None:
