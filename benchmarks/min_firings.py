@@ -16,6 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
+from causaldim.config import AnalysisConfig
 from causaldim.measures.counts import calibrate, counts, resampled_counts
 from causaldim.measures.score import load_scores
 from causaldim.measures.stats import interval_95
@@ -28,8 +29,12 @@ def main() -> None:
     parser.add_argument("--architecture", default="topk")
     parser.add_argument("--resamples", type=int, default=200)
     args = parser.parse_args()
-    results = json.loads((args.run / "results.json").read_text())
-    analysis = results["config"]["analysis"]
+    finished = args.run / "results.json"  # else a run still in its controls: the defaults
+    analysis = (
+        json.loads(finished.read_text())["config"]["analysis"]
+        if finished.is_file()
+        else AnalysisConfig().to_dict()
+    )
     loaded = {
         int(p.stem.split("-w")[1]): load_scores(p)
         for p in sorted((args.run / "scores").glob(f"{args.architecture}-w*.safetensors"))
