@@ -1019,3 +1019,15 @@ def test_an_unconverged_headline_is_flagged_by_the_api_and_in_the_warnings(tmp_p
     assert "(not converged; about 32,768 eval tokens would do)" in repr(res)
     assert "not converged" in repr(res.kappa) and res.warnings == results["warnings"]
     assert "[caution] direct.logits.not_converged" in summary(results)
+
+
+def test_the_fits_table_holds_every_fit_the_report_shows_estimable_or_not():
+    from causaldim.report.tables import fit_rows
+
+    results = make_results()
+    rows = fit_rows(results)
+    assert rows and all(r["estimable"] for r in rows)
+    results["sweep"]["topk"]["estimable"] = False  # the report still shows its fits
+    again = fit_rows(results)
+    assert [r["kappa_hat"] for r in again] == [r["kappa_hat"] for r in rows]
+    assert not any(r["estimable"] for r in again)

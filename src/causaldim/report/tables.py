@@ -99,18 +99,18 @@ def width_rows(results: dict) -> list[Row]:
 
 
 def fit_rows(results: dict) -> list[Row]:
-    """Every saturating form fitted to each sweep, free and constrained to d; 'chosen'
-    marks the form the criterion picked. No rows for a sweep that is not estimable."""
+    """Every saturating form fitted to each sweep, free and constrained to d, as the
+    report shows them; 'chosen' marks the form the criterion picked, and 'estimable'
+    whether the sweep's kappa_hat is to be read as a number at all."""
     rows = []
     for arch, a in results["sweep"].items():
-        if not a["estimable"]:
-            continue
-        for constraint, k in a["kappa"].items():
+        for constraint, k in (a.get("kappa") or {}).items():
             for form, f in k["fits"].items():
                 lo, hi = _pair(f["interval_95"])
                 rows.append(
                     {
                         "architecture": arch,
+                        "estimable": a["estimable"],
                         "constraint": constraint,
                         "form": form,
                         "chosen": form == k["form"],
