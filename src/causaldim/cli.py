@@ -70,8 +70,9 @@ def _add_preset(parser: argparse.ArgumentParser) -> None:
         choices=list(PRESETS),
         help=f"Named defaults: default (SmolLM2-135M, about {DEFAULT_RUN_MINUTES} min on 2 CPU "
         "cores), smoke (every stage on a few thousand tokens, under a minute), replicate (the "
-        "paper's regime on SmolLM2-135M, about 2 h on 2 CPU cores), paper (Gemma-2-2B layer "
-        "12, widths 16,384..1,048,576, seq 512; for a GPU). Flags given override it.",
+        "paper's regime on SmolLM2-135M, about 1 h on 2 CPU cores, 2 h with every control), "
+        "paper (Gemma-2-2B layer 12, widths 16,384..1,048,576, seq 512; for a GPU). Flags "
+        "given override it.",
     )
 
 
