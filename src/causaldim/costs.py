@@ -138,8 +138,8 @@ def calibrate(
 
 def d_ff(the_plan: Plan) -> int:
     """The width of the model's MLP (4 d where its config does not say)."""
-    config = skeleton(the_plan.source).config
-    return getattr(config, "intermediate_size", None) or 4 * the_plan.source.d_model
+    size = getattr(the_plan.source.config, "intermediate_size", None)
+    return size or 4 * the_plan.source.d_model
 
 
 def parameter_counts(the_plan: Plan) -> dict[str, int]:
@@ -203,15 +203,19 @@ def analysis_work(n_widths: int) -> Work:
 
 
 def control_work(
-    the_plan: Plan, sweep: SweepConfig, analysis: AnalysisConfig, layer_work: dict[str, Work]
+    the_plan: Plan,
+    sweep: SweepConfig,
+    analysis: AnalysisConfig,
+    layer_work: dict[str, Work],
+    params: dict[str, int],
 ) -> dict[str, Work]:
     """The controls that cost more than a few seconds: the real ablations (a forward of
     the blocks above L and the head per feature over the sequences it is ablated on), the
     task control's clean passes and ablations on short prompts, and the depth control's
     other layers (each measured as the run's layer is: `layer_work`). The synthetic
-    control is counted in steps (synthetic_steps)."""
+    control is counted in steps (synthetic_steps). params: parameter_counts(the_plan)."""
 
-    cfg, params = the_plan.config, parameter_counts(the_plan)
+    cfg = the_plan.config
     # Both start from block L's cached clean output: only the blocks above it and the head
     # run for each ablation (the task control's head, for one position only).
     above = 2 * (params["above_layer"] + params["head"])
@@ -302,7 +306,7 @@ def estimate(
         "scores": Work(sae=4 * d * width_sum * n_eval),
         "analysis": analysis_work(len(sweep.widths) * len(sweep.architectures)),
     }
-    work.update(control_work(the_plan, sweep, analysis, work))
+    work.update(control_work(the_plan, sweep, analysis, work, params))
     if analysis.profile:
         work["profile"] = the_plan.source.n_layers * sigma_work(
             n_eval, d, probes, direct, debias.LIGHT
