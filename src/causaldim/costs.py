@@ -250,6 +250,15 @@ def control_work(
         out["control.depth"] = layers * (layer_work["sigma"] + one_sweep)
     if "architectures" in picked and analysis.lighter_controls:
         out["control.architectures"] = 3 * one_sweep
+    if "four_cell" in picked:
+        # three random cells scored per width, with L0 held (the headline's SAEs) and with
+        # L0 free (JumpReLU SAEs: the run's, else the controls' sweep, trained here unless
+        # the architectures control trains it)
+        scores = (1 / n_arch) * layer_work["scores"]
+        free = 3 * len(widths) / len(sweep.widths) * scores
+        if "jumprelu" not in sweep.architectures and "architectures" not in picked:
+            free = free + one_sweep
+        out["control.four_cell"] = 3 * scores + free
     return out
 
 

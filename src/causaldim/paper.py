@@ -26,3 +26,11 @@ TASK_RECOVERY = 0.982  # share of task ground truth in the top 5% of AtP feature
 RANDOM_ENCODER_INFLATION = 9.27  # N_causal with a random orthonormal encoder / trained
 EPSILON_FALL = 20  # epsilon at layer 1 over epsilon at layer 23 of Gemma-2-2B
 SYNTHETIC_RECALL = 0.0  # AtP recall of planted causal directions in the toy model
+
+# The conditions the paper measured under, set beside a run's own wherever a verdict is.
+CONDITIONS = {
+    "model": "Gemma-2-2B, a base model (Gemma-2-9B for the scale control), weights as released",
+    "corpus": "generic text",
+    "seq_len": 512,
+    "left_out": "not stated",
+}

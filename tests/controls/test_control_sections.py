@@ -74,6 +74,7 @@ def architectures_result(kappas=(432.7, 389.1, 1298.6), growths=(7.3415, 4.2, 0.
                 "epsilon": eps,
                 "n_causal": [41, 117, 301],
                 "n_repr": [1010, 1987, 3816],
+                "l0": [32.0, 32.0, 32.0],
                 "n_causal_growth": g,
                 "n_repr_growth": 3.7782,
                 "kappa_hat": k,
@@ -424,6 +425,23 @@ def section(name: str, c: dict) -> str:
     doc = Doc()
     get(name).section(doc, stored(name, c))
     return doc.markdown(Path("/"))
+
+
+def test_four_cell_with_l0_free_cells_shows_each_cells_l0():
+    c = four_cell_result()
+    free = four_cell_result(trained=(20, 40, 80))
+    for r in free["rows"]:
+        r["cells"]["random/trained"]["l0"] = 250.0
+    c["free_l0"] = {
+        "architecture": "jumprelu",
+        "sweep": {"widths": list(WIDTHS), "epochs": 1},
+        **free,
+    }
+    md = section("four_cell", c)
+    assert "With L0 free: jumprelu SAEs (1 epoch(s), widths 1,024, 2,048, 4,096)" in md
+    assert "| 1024 | 20 (32.0) | 380 (250.0) |" in md
+    c["free_l0"] = {"skipped": "the run's SAEs are imported and include no JumpReLU sweep"}
+    assert "With L0 free: not measured: the run's SAEs are imported" in section("four_cell", c)
 
 
 def paragraph(md: str) -> str:

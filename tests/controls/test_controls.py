@@ -92,6 +92,24 @@ def test_a_random_threshold_encoder_is_brought_back_to_the_trained_l0(tmp_path):
     assert l0 == pytest.approx(2.0, rel=0.05)
 
 
+def test_with_l0_free_a_random_encoder_keeps_the_trained_thresholds(tmp_path):
+    """The paper's four cells let the encoder act as a sparsity filter: with match=False
+    the thresholds stay as trained and L0 moves with the random encoder."""
+    store = planted(tmp_path)
+    sae = identity_sae("relu")
+    with torch.no_grad():
+        sae.b_enc.fill_(-0.5)  # codes are 0 or >= 1: L0 is exactly 2
+    x = next(store.batches("train", ("h",), 1024))["h"]
+    free = randomized(sae, True, False, torch.Generator().manual_seed(0), x, match=False)
+    assert torch.equal(free.b_enc, torch.zeros(D))  # the random encoder's own bias
+    l0 = float((free.encode(x) > 0).sum(-1).float().mean())
+    assert l0 != pytest.approx(2.0, rel=0.05)  # not brought back to the trained L0
+    out = four_cell({D: sae}, store, 1e-6, AnalysisConfig(blocks=4), seed=0, match=False)
+    cells = out["rows"][0]["cells"]
+    assert cells["trained/trained"]["l0"] == pytest.approx(2.0)
+    assert cells["random/trained"]["l0"] != pytest.approx(2.0, rel=0.05)
+
+
 def test_threshold_robustness_is_monotone_in_the_percentile(tmp_path):
     store = planted(tmp_path)
     saes = {}

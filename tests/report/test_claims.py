@@ -1,14 +1,30 @@
-"""The paper's claims: each verdict rule on hand-made results that hold, do not hold and
-cannot be tested; and the claims table agreeing with the "Beside the paper" table."""
+"""The paper's claims: every rule of both tables on hand-made results where it holds, where
+it does not and where it cannot be tested; the kappa table never moved by the SAE route;
+calibration-fixed counts deciding nothing; the claims agreeing with "Beside the paper"."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 from test_report_sections import make_results, text
 
-from causaldim.report.claims import FAILS, HOLDS, RULES, UNTESTABLE, claims
+from causaldim.report.claims import (
+    ESTIMATOR,
+    FAILS,
+    HOLDS,
+    KAPPA,
+    RULES,
+    UNTESTABLE,
+    across_runs,
+    claims,
+)
+from causaldim.report.claims_doc import claims_section
+from causaldim.report.conditions import conditions
 from causaldim.report.paper_figures import figures
-from causaldim.report.sections import beside_paper, claims_section
+from causaldim.report.sections import beside_paper
+
+D = 576
 
 
 def verdict(results: dict, key: str) -> tuple[str, str]:
@@ -16,197 +32,393 @@ def verdict(results: dict, key: str) -> tuple[str, str]:
     return claim.verdict, claim.reason
 
 
+def literal(results: dict, key: str) -> str:
+    (claim,) = [c for c in claims(results) if c.key == key]
+    return claim.literal[1]
+
+
 def headline(results: dict) -> dict:
     return results["sweep"][results["headline"]["architecture"]]
 
 
-def with_wedge(repr_growth, slope, causal_95) -> dict:
+def set_kappa(results, reading="logits", kappa=450.0, iv=(440.0, 460.0), pr=None, converged=True):
+    est = results["sigma"][reading]
+    est.update(erank_corrected=kappa, erank_corrected_95=list(iv), converged=converged)
+    if pr is not None:
+        est.update(participation_ratio_unbiased=sum(pr) / 2, participation_ratio_unbiased_95=pr)
+    return results
+
+
+def with_controls(**controls) -> dict:
+    results = make_results()
+    results["controls"] = controls
+    return results
+
+
+# ----------------------------------------------------------------- table A: claims about kappa
+
+
+def level_holds():
+    return set_kappa(make_results())  # 0.76-0.80 d
+
+
+def level_fails():
+    return make_results()  # 258 [242, 275]: 0.42-0.48 d
+
+
+def level_untestable():
+    return set_kappa(make_results(), converged=False)
+
+
+def spectrum_holds():
+    return set_kappa(make_results(), pr=[60.0, 66.0])  # 0.13-0.15
+
+
+def spectrum_fails():
+    return make_results()  # PR 114 [104, 123] / 258 [242, 275]: flat
+
+
+def spectrum_untestable():
+    results = make_results()
+    results["sigma"]["logits"]["participation_ratio_unbiased_95"] = None
+    return results
+
+
+def bound_holds():
+    return make_results()
+
+
+def bound_fails():
+    return set_kappa(make_results(), kappa=570.0, iv=(550.0, 590.0))  # above d = 576
+
+
+def bound_untestable():
+    results = make_results()
+    del results["sigma"]["logits"]
+    return results
+
+
+def profile(kappas: dict[int, float], converged=True) -> dict:
+    """Eight layers; the literal reading falls as 1 / (layer + 1); None where not given."""
+
+    def est(k):
+        return {"erank_corrected": k, "converged": converged}
+
+    def layer(i):
+        k = kappas.get(i)
+        return {"logits": est(k), "logits_uncentred": est(None if k is None else k / (i + 1))}
+
+    return {"layers": {str(i): layer(i) for i in range(8)}, "run_layer": 3}
+
+
+FLAT = {0: 50.0, 1: 300.0, 2: 320.0, 3: 310.0, 6: 290.0, 7: 900.0}  # the ends are left out
+
+
+def depth_holds():
+    return make_results(profile=profile(FLAT))
+
+
+def depth_fails():
+    return make_results(profile=profile({0: 1.0, 1: 100.0, 2: 200.0, 3: 300.0, 6: 400.0, 7: 1.0}))
+
+
+def depth_untestable():
+    return make_results(profile=profile(FLAT, converged=False))
+
+
+# -------------------------------------------------------- table B: claims about the estimator
+
+
+def with_wedge(repr_growth=3.8, slope=0.96, causal_95=(1.2, 1.9)) -> dict:
     results = make_results()
     w = headline(results)["wedge"]
-    w.update(n_repr_growth=repr_growth, n_repr_loglog_slope=slope, n_causal_growth_95=causal_95)
-    w["n_causal_growth"] = sum(causal_95) / 2
-    return results
-
-
-def test_the_wedge():
-    assert verdict(with_wedge(3.8, 0.96, [1.2, 1.9]), "wedge")[0] == HOLDS
-    assert verdict(with_wedge(3.8, 0.96, [2.5, 4.1]), "wedge")[0] == FAILS  # reaches N_repr
-    assert verdict(with_wedge(3.8, 0.30, [1.2, 1.9]), "wedge")[0] == FAILS  # N_repr sublinear
-    falls, why = verdict(with_wedge(3.8, 0.96, [0.2, 0.5]), "wedge")
-    assert falls == FAILS and "falls with width" in why
-    no_boot = with_wedge(3.8, 0.96, [1.2, 1.9])
-    headline(no_boot)["wedge"]["n_causal_growth_95"] = None
-    assert verdict(no_boot, "wedge") == (UNTESTABLE, VERDICT_NO_BOOT)
-
-
-VERDICT_NO_BOOT = "no bootstrap interval on N_causal's growth (--bootstrap 0)"
-
-
-def with_kappa(interval, d=576) -> dict:
-    results = make_results()
-    free = headline(results)["kappa"]["free"]
-    free["interval_95"] = interval
-    free["kappa"] = sum(interval) / 2
-    free["kappa_over_d"] = free["kappa"] / d
-    return results
-
-
-def test_kappa_hat_over_d():
-    assert verdict(with_kappa([400.0, 520.0]), "kappa_hat")[0] == HOLDS  # 0.69-0.90 d
-    low, why = verdict(with_kappa([60.0, 90.0]), "kappa_hat")
-    assert low == FAILS and "misses [0.57, 1.00]" in why
-    not_estimable = with_kappa([400.0, 520.0])
-    headline(not_estimable).update(estimable=False, not_estimable="only 3 widths")
-    assert verdict(not_estimable, "kappa_hat") == (
-        UNTESTABLE,
-        "kappa_hat is not estimable: only 3 widths",
+    w.update(
+        n_repr_growth=repr_growth,
+        n_repr_loglog_slope=slope,
+        n_causal_growth_95=list(causal_95) if causal_95 else None,
+        n_causal_growth=sum(causal_95) / 2 if causal_95 else 1.0,
     )
-
-
-def test_the_participation_ratio_as_a_lower_bound():
-    results = make_results()
-    assert verdict(results, "kappa_pr")[0] == HOLDS  # 94.7 [87, 103] below 258 [242, 275]
-    lead = results["sigma"]["logits"]
-    lead["participation_ratio_unbiased_95"] = [240.0, 300.0]
-    assert verdict(results, "kappa_pr")[0] == FAILS
-    del results["sigma"]["logits"]
-    assert verdict(results, "kappa_pr")[0] == UNTESTABLE
-
-
-def test_coverage():
-    results = make_results()  # 69.6% at 4,096; 95% at width 9,880
-    assert verdict(results, "coverage")[0] == HOLDS
-    free = headline(results)["kappa"]["free"]
-    free.update(coverage=1.05, width_95=2253.0)
-    assert verdict(results, "coverage")[0] == FAILS
-    headline(results)["estimable"] = False
-    assert verdict(results, "coverage")[0] == UNTESTABLE
-
-
-def with_depth(kappas: dict[int, float], epsilon_ratio, converged=True) -> dict:
-    layers = {
-        str(i): {"logits": {"erank_corrected": kappas.get(i, 300.0), "converged": converged}}
-        for i in range(8)
-    }
-    for i in range(8):
-        if i not in kappas:
-            layers[str(i)]["logits"]["erank_corrected"] = None
-    results = make_results(profile={"layers": layers, "run_layer": 3})
-    results["controls"] = {"depth": {"layers": [1, 6], "epsilon_first_over_last": epsilon_ratio}}
     return results
 
 
-def test_depth():
-    flat = {1: 300.0, 2: 320.0, 3: 310.0, 6: 290.0, 0: 50.0, 7: 900.0}  # ends left out
-    assert verdict(with_depth(flat, 8.0), "depth")[0] == HOLDS
-    assert verdict(with_depth(flat, 1.1), "depth")[0] == FAILS  # epsilon does not fall
-    rising = {1: 100.0, 2: 200.0, 3: 300.0, 6: 400.0}
-    assert verdict(with_depth(rising, 8.0), "depth")[0] == FAILS
-    untested, why = verdict(with_depth(flat, 8.0, converged=False), "depth")
-    assert untested == UNTESTABLE and "converged at no layer" in why
-    no_profile = with_depth(flat, 8.0)
-    del no_profile["profile"]
-    assert verdict(no_profile, "depth") == (
-        UNTESTABLE,
-        "no converged layer in the all-layer profile (pass --profile)",
-    )
+def rate_holds():
+    return with_wedge(causal_95=(1.4, 1.8))  # slopes 0.24-0.42 over x4
 
 
-def arch_row(name, kappa_95, grows=True):
+def consistency_holds():
+    return set_kappa(make_results(), kappa=700.0, iv=(690.0, 710.0))  # kappa_hat [311, 698]
+
+
+def consistency_fails():
+    results = make_results()  # kappa_hat [311, 698] above the direct 258 [242, 275]
+    results["controls"] = {"synthetic": SYNTHETIC_FAR}
+    return results
+
+
+SYNTHETIC_FAR = {
+    "k": 8,
+    "estimable": True,
+    "kappa_hat": 923.0,
+    "kappa_95": [295.0, 1317.0],
+    "rows": [],
+    "direct": {"erank": 8.0},
+}
+
+
+def consistency_untestable():
+    """kappa_hat at the calibration's count (2% of 1,024): it measures the percentile."""
+    results = make_results()
+    headline(results)["kappa"]["free"].update(kappa=21.0, interval_95=[19.0, 23.0])
+    return results
+
+
+def coverage_holds():
+    return set_kappa(make_results())  # 301 [270, 333] / 450 [440, 460]
+
+
+def arch_row(name, causal, repr_=4.0):
     return {
         "architecture": name,
-        "kappa_hat": sum(kappa_95) / 2,
-        "kappa_95": kappa_95,
-        "n_causal_grows": grows,
+        "n_causal_growth": causal,
+        "n_repr_growth": repr_,
+        "kappa_hat": 80.0,
+        "kappa_95": [70.0, 90.0],
+        "l0": [32.0, 32.0, 32.0],
     }
 
 
-def test_architecture_invariance():
-    results = make_results()
-    rows = [arch_row("topk", [300, 500]), arch_row("jumprelu", [450, 700])]
-    results["controls"] = {"architectures": {"rows": rows}}
-    assert verdict(results, "architectures")[0] == HOLDS
-    rows[1] = arch_row("jumprelu", [600, 900])
-    assert verdict(results, "architectures")[0] == FAILS
-    rows[1] = arch_row("jumprelu", [600, 900], grows=False)
-    assert verdict(results, "architectures")[0] == UNTESTABLE
-    results["controls"] = {}
-    assert verdict(results, "architectures") == (
-        UNTESTABLE,
-        "the architectures control was not run (pass --controls architectures)",
+def architectures_with(*growths) -> dict:
+    rows = [arch_row(a, g) for a, g in zip(("topk", "jumprelu", "relu"), growths, strict=False)]
+    return with_controls(architectures={"rows": rows})
+
+
+def threshold_rows(*kappas, growing=3) -> dict:
+    rows = [
+        {"percentile": p, "kappa_hat": k, "n_causal_growth": 1.5 if i < growing else 0.9}
+        for i, (p, k) in enumerate(zip((95.0, 98.0, 99.5), kappas, strict=True))
+    ]
+    return with_controls(thresholds={"rows": rows})
+
+
+def four_cell_with(inflation) -> dict:
+    def rows(x):
+        cells = {c: {"n_causal": 10, "n_repr": 100, "l0": 8.0} for c in CELLS}
+        return [{"width": 64, "cells": cells, "random_encoder_inflation": x}]
+
+    c = {"architecture": "topk", "rows": rows(0.9)}
+    if inflation is not None:
+        c["free_l0"] = {"architecture": "jumprelu", "rows": rows(inflation)}
+    return with_controls(four_cell=c)
+
+
+CELLS = ("trained/trained", "random/trained", "trained/random", "random/random")
+
+
+def geometry_with(*auc_95s, n_causal=40, spread=0.0) -> dict:
+    rows = [
+        {
+            "width": 64 * 2**i,
+            "nn_cosine": {"n_causal": n_causal, "auc": sum(iv) / 2, "auc_95": list(iv)},
+            "decoder_norm": {"n_causal": n_causal, "auc": 0.5, "auc_95": [0.5, 0.5]},
+        }
+        for i, iv in enumerate(auc_95s)
+    ]
+    return with_controls(geometry={"rows": rows, "max_decoder_norm_spread": spread})
+
+
+def synthetic_with(*recalls) -> dict:
+    rows = [{"width": 64 * 2**i, "recall": r} for i, r in enumerate(recalls)]
+    return with_controls(synthetic={"rows": rows, "k": 8, "direct": {"erank": 8.0}})
+
+
+def task_with(n, iv) -> dict:
+    return with_controls(
+        task={"n_ground_truth": n, "recovered_fraction": sum(iv) / 2, "recovered_95": list(iv)}
     )
 
 
-def test_threshold_robustness():
+def depth_control(ratio) -> dict:
+    rows = [{"layer": 1, "epsilon": 0.02}, {"layer": 6, "epsilon": 0.02 / (ratio or 1.0)}]
+    return with_controls(depth={"rows": rows, "epsilon_first_over_last": ratio})
+
+
+def scale_with(*ps) -> dict:
+    return with_controls(scale={"models": ["a", "b"], "rows": [{"p_value": p} for p in ps]})
+
+
+# Every rule's three cases: (holds, does not hold, not testable here).
+CASES = {
+    "kappa_level": (level_holds, level_fails, level_untestable),
+    "kappa_spectrum": (spectrum_holds, spectrum_fails, spectrum_untestable),
+    "kappa_bound": (bound_holds, bound_fails, bound_untestable),
+    "kappa_depth": (depth_holds, depth_fails, depth_untestable),
+    # one run cannot hold or fail these: test_across_runs decides them
+    "kappa_text": (None, None, make_results),
+    "kappa_scale": (None, None, make_results),
+    "wedge_direction": (
+        with_wedge,
+        lambda: with_wedge(causal_95=(2.5, 4.1)),  # reaches N_repr
+        lambda: with_wedge(causal_95=None),
+    ),
+    "wedge_rate": (rate_holds, make_results, lambda: with_wedge(causal_95=None)),
+    "consistency": (consistency_holds, consistency_fails, consistency_untestable),
+    "coverage": (
+        coverage_holds,
+        make_results,
+        lambda: bound_untestable(),
+    ),
+    "architectures": (
+        lambda: architectures_with(1.2, 1.0, 0.8),
+        lambda: architectures_with(1.2, 3.5),
+        lambda: architectures_with(1.2, None),
+    ),
+    "thresholds": (
+        lambda: threshold_rows(400.0, 430.0, 520.0),
+        lambda: threshold_rows(400.0, 430.0, 900.0),
+        lambda: threshold_rows(400.0, 430.0, 520.0, growing=1),
+    ),
+    "four_cell": (
+        lambda: four_cell_with(9.0),
+        lambda: four_cell_with(1.2),
+        lambda: four_cell_with(None),
+    ),
+    "geometry": (
+        lambda: geometry_with((0.45, 0.55), (0.42, 0.58)),
+        lambda: geometry_with((0.66, 0.75), (0.62, 0.70)),
+        lambda: geometry_with((0.55, 0.65), (0.45, 0.55)),  # one straddles the margin
+    ),
+    "synthetic": (
+        lambda: synthetic_with(0.0, 0.0, 0.05),
+        lambda: synthetic_with(1.0, 0.0),
+        lambda: with_controls(),
+    ),
+    "task": (
+        lambda: task_with(25, (0.86, 1.0)),
+        lambda: task_with(25, (0.2, 0.6)),
+        lambda: task_with(4, (0.51, 1.0)),
+    ),
+    "epsilon_depth": (
+        lambda: depth_control(8.0),
+        lambda: depth_control(0.7),
+        lambda: depth_control(None),
+    ),
+    "scale_shape": (lambda: scale_with(0.4, 0.03), lambda: scale_with(0.4, 0.001), with_controls),
+}
+
+
+def test_every_rule_has_its_three_cases():
+    keys = [r.key for table in RULES.values() for r in table]
+    assert sorted(keys) == sorted(CASES)
+
+
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    [
+        (key, expected)
+        for key, builds in sorted(CASES.items())
+        for expected, build in zip((HOLDS, FAILS, UNTESTABLE), builds, strict=True)
+        if build is not None  # text and scale hold or fail across runs: test_across_runs
+    ],
+)
+def test_each_rule_holds_fails_and_cannot_be_tested(key, expected):
+    build = dict(zip((HOLDS, FAILS, UNTESTABLE), CASES[key], strict=True))[expected]
+    assert verdict(build(), key)[0] == expected
+
+
+def test_the_kappa_table_gives_the_literal_reading_its_own_verdict():
+    results = level_holds()  # the gauge-invariant reading at 0.78 d, the literal at 0.26 d
+    assert verdict(results, "kappa_level")[0] == HOLDS
+    assert literal(results, "kappa_level") == FAILS
+    depth = depth_holds()  # the literal reading falls with depth in profile()
+    assert (verdict(depth, "kappa_depth")[0], literal(depth, "kappa_depth")) == (HOLDS, FAILS)
+
+
+def test_the_sae_route_never_moves_a_verdict_about_kappa():
+    a, b = level_holds(), level_holds()
+    sweep = headline(b)
+    sweep["kappa"]["free"].update(kappa=21.0, interval_95=[19.0, 23.0], kappa_over_d=0.04)
+    sweep["wedge"].update(n_causal_growth=0.5, n_causal_growth_95=[0.4, 0.6])
+    b["controls"] = {"thresholds": {"rows": []}, "synthetic": SYNTHETIC_FAR}
+    kappa_rows = [(c.key, c.verdict, c.literal) for c in claims(a) if c.table == KAPPA]
+    assert kappa_rows == [(c.key, c.verdict, c.literal) for c in claims(b) if c.table == KAPPA]
+
+
+def test_a_kappa_hat_set_by_the_calibration_decides_nothing():
+    results = consistency_untestable()
+    found, why = verdict(results, "consistency")
+    assert found == UNTESTABLE and "measures the percentile, not the layer" in why
+    assert "fixed by calibration: 2% of 1,024" in why
+    beside = text(beside_paper, results=results)
+    assert "set by the calibration" in beside
+
+
+def test_kappa_hat_whole_uncertainty_takes_the_percentiles_in():
+    results = threshold_rows(400.0, 430.0, 120.0)
+    md = text(claims_section, results=results)
+    assert "together [120, 698]" in md  # the tokens' [311, 698] and the 99.5th's 120
+
+
+def run(corpus: str, model: str, kappa: float, iv, layer=15, n_layers=30, family="llama"):
+    results = set_kappa(make_results(), kappa=kappa, iv=iv)
+    results["inputs"]["corpus"]["sha256"] = corpus
+    results["inputs"]["model"] = {"name": model, "family": family}
+    results["store"]["layer"] = layer
+    results["store"]["model"] = {**results["store"]["model"], "n_layers": n_layers}
+    results["store"]["model"]["identity"] = {"name": model, "family": family}
+    return results
+
+
+def across(key: str, *runs) -> tuple[str, str]:
+    (claim,) = [
+        c for c in across_runs([(f"run{i}", r) for i, r in enumerate(runs)]) if c.key == key
+    ]
+    return claim.verdict, claim.this_run
+
+
+def test_across_runs():
+    code, prose = run("code", "m", 300.0, (295, 305)), run("prose", "m", 400.0, (395, 405))
+    assert across("kappa_text", code, prose)[0] == HOLDS
+    near = run("prose", "m", 303.0, (298, 308))
+    assert across("kappa_text", code, near)[0] == FAILS
+    assert across("kappa_text", code, copy.deepcopy(code))[0] == UNTESTABLE
+    small = run("code", "small", 300.0, (295, 305), layer=14, n_layers=30)
+    big = run("code", "big", 350.0, (340, 360), layer=20, n_layers=42, family="gemma")
+    held, shown = across("kappa_scale", small, big)
+    assert held == HOLDS and "across families" in shown
+    assert across("kappa_scale", small, run("code", "big", 700.0, (690, 710), 20, 42))[0] == FAILS
+    assert across("kappa_scale", small, run("code", "big", 350.0, (340, 360), 5, 42))[0] == (
+        UNTESTABLE
+    )  # not at matched relative depth
+
+
+def test_the_conditions_are_stated_beside_the_papers():
     results = make_results()
-    rows = [{"percentile": p, "kappa_hat": k} for p, k in ((95, 400), (98, 430), (99.5, 520))]
-    results["controls"] = {"thresholds": {"rows": rows, "n_growing": 3, "n_growths": 3}}
-    assert verdict(results, "thresholds")[0] == HOLDS
-    rows[2]["kappa_hat"] = 900
-    assert verdict(results, "thresholds")[0] == FAILS
-    results["controls"]["thresholds"]["n_growing"] = 2
-    assert verdict(results, "thresholds")[0] == UNTESTABLE
-
-
-def geometry_result(n_causal, differing, spread=0.2):
-    rows = [{"width": w, "nn_cosine": {"n_causal": n_causal}} for w in (64, 128, 256, 512)]
-    return {
-        "rows": rows,
-        "widths_differing": {"nn_cosine": differing, "decoder_norm": [64, 128, 256]},
-        "max_decoder_norm_spread": spread,
-    }
-
-
-def test_geometric_privilege():
-    results = make_results()
-    results["controls"] = {"geometry": geometry_result(40, [64, 128])}
-    assert verdict(results, "geometry")[0] == HOLDS
-    # norms all equal (a sphere): the norm comparison does not count
-    results["controls"] = {"geometry": geometry_result(40, [64], spread=0.0)}
-    assert verdict(results, "geometry")[0] == FAILS
-    results["controls"] = {"geometry": geometry_result(3, [64, 128])}
-    assert verdict(results, "geometry")[0] == UNTESTABLE
-
-
-def test_synthetic_four_cell_task_and_scale():
-    results = make_results()
-    results["controls"] = {
-        "synthetic": {"best_recall": {"recall": 0.0, "width": 64}, "k": 8, "direct": {}},
-        "four_cell": {"rows": [{"width": 64, "random_encoder_inflation": 9.0}]},
-        "task": {"n_ground_truth": 20, "recovered_fraction": 0.95, "recovered_95": [0.76, 0.99]},
-        "scale": {"models": ["a", "b"], "rows": [{"p_value": 0.4}, {"p_value": 0.03}]},
-    }
-    for key in ("synthetic", "four_cell", "task", "scale"):
-        assert verdict(results, key)[0] == HOLDS, key  # scale: p 0.03 >= 0.05 / 2
-    c = results["controls"]
-    c["synthetic"]["best_recall"]["recall"] = 0.5
-    c["four_cell"]["rows"][0]["random_encoder_inflation"] = 1.2
-    c["task"]["recovered_95"] = [0.2, 0.6]
-    c["scale"]["rows"][1]["p_value"] = 0.001
-    for key in ("synthetic", "four_cell", "task", "scale"):
-        assert verdict(results, key)[0] == FAILS, key
-    c["four_cell"]["rows"][0]["random_encoder_inflation"] = None
-    c["task"]["n_ground_truth"] = 2
-    c["scale"] = {"skipped": "needs a second model of the family: pass --scale-model"}
-    for key in ("four_cell", "task", "scale"):
-        assert verdict(results, key)[0] == UNTESTABLE, key
-    assert "pass --scale-model" in verdict(results, "scale")[1]
+    c = conditions(results)
+    assert c["seq_len"] == 128 and c["paper"]["seq_len"] == 512
+    assert "1,234 of 65,536 tokens" in c["left_out"] and "45.7%" in c["left_out"]
+    md = text(claims_section, results=results)
+    assert "sequences of 128 tokens" in md and "sequences of 512 tokens" in md
+    assert "A. Claims about kappa" in md and "B. Claims about the SAE estimator" in md
+    results["config"]["analysis"]["include_outliers"] = True
+    assert conditions(results)["left_out"].startswith("nothing")
 
 
 def test_every_claim_is_decided_once_in_the_rules_order():
     found = claims(make_results())
-    assert [c.key for c in found] == [r.key for r in RULES]
-    assert len(RULES) >= 12 and all(c.verdict in (HOLDS, FAILS, UNTESTABLE) for c in found)
+    assert [c.key for c in found] == [r.key for t in (KAPPA, ESTIMATOR) for r in RULES[t]]
+    assert all(c.verdict in (HOLDS, FAILS, UNTESTABLE) for c in found)
+    assert all((c.literal is not None) == (c.table == KAPPA) for c in found)
 
 
-@pytest.mark.parametrize("key", ["n_causal_growth", "kappa_hat", "kappa_pr", "coverage"])
-def test_the_claims_table_and_beside_the_paper_never_disagree(key):
+def test_the_claims_table_and_beside_the_paper_never_disagree():
     results = make_results()
-    shown = figures(results)[key]
     beside = text(beside_paper, results=results)
-    assert f"| {shown.label} | {shown.this_run} | {shown.paper} |" in beside
     table = text(claims_section, results=results)
-    assert shown.this_run in table  # the claims quote the same figure, not a recomputation
+    shown = figures(results)["n_causal_growth"]
+    assert f"| {shown.label} | {shown.this_run} | {shown.paper} |" in beside
+    assert shown.this_run.split(" ", 1)[1] in table  # the same growth interval
+    spread = figures(results)["kappa_hat_spread"]
+    assert spread.this_run in table  # kappa_hat's whole uncertainty, quoted, not recomputed
 
 
 def test_the_report_says_what_each_width_loses_to_the_firing_floor():

@@ -27,6 +27,7 @@ from causaldim.report.fmt import ci, features, growth, num, pct, sci
 from causaldim.report.render import figure_plan, render
 from causaldim.report.results import SCHEMA, load_results
 from causaldim.report.results import direct_kappa as direct_number
+from causaldim.report.conditions import conditions_lines
 from causaldim.report.sections import (
     beside_paper,
     build_report,
@@ -549,7 +550,7 @@ def test_beside_paper_sets_each_number_of_the_run_beside_the_papers():
         "| N_causal growth (AtP over firing tokens (features with 1+ eval firings)) | x7.34 |  |",
         "| firing features below epsilon (widest SAE) | 92.1% | 97.9% |",
         "| total attribution A / epsilon (Markov ceiling on N_causal), widest | 462 |  |",
-        "| kappa_hat [95% CI] | 433 [311, 698] | 1,990 [545, 5,130] |",
+        "| kappa_hat [95% CI over the tokens] | 433 [311, 698] | 1,990 [545, 5,130] |",
         "| kappa_hat / d | 0.75 [0.54, 1.21] | 0.86 |",
         "| kappa_SAE, plug-in (widest) [95% CI] | 127 [118, 136] |  |",
         "| direct kappa (erank, gauge-invariant logits reading, corrected) | 258 [242, 275] |  |",
@@ -628,7 +629,7 @@ def test_a_sweep_whose_counts_do_not_grow_gives_no_kappa_hat_but_the_reason():
     md = text(headline, beside_paper, sweeps, results=results)
     assert f"- SAE estimate (topk): kappa_hat not estimable: {reason}." in md
     assert f"kappa_hat is not estimable: {reason}." in md
-    assert "| kappa_hat [95% CI] | not estimable | 1,990 [545, 5,130] |" in md
+    assert "| kappa_hat [95% CI over the tokens] | not estimable | 1,990 [545, 5,130] |" in md
     assert "| kappa_hat / d | n/a | 0.86 |" in md
     assert "kappa_hat = 433" not in md and "Constrained to kappa <= d" not in md
     assert summary(results).splitlines()[1] == f"kappa_hat: not estimable ({reason})"
@@ -720,7 +721,7 @@ def test_missing_values_render_as_na():
     (wedge,) = lines_with(md, "The wedge over x4")
     assert "N_repr grows" in wedge and "(log-log slope 0.96)" in wedge
     assert wedge.count("n/a") == 4  # two growth ratios, an interval and one slope
-    assert "| kappa_hat [95% CI] | 433 [n/a] | 1,990 [545, 5,130] |" in md
+    assert "| kappa_hat [95% CI over the tokens] | 433 [n/a] | 1,990 [545, 5,130] |" in md
     assert (
         "| direct kappa (erank, gauge-invariant logits reading, corrected) | n/a (no logit "
         "probes) |  |"
@@ -835,12 +836,13 @@ def test_summary_is_the_few_lines_printed_at_the_end():
         "tokens; over firing tokens: x7.34); epsilon 3.21e-05",
         "kappa_hat 433 [311, 698] (hyperbolic, by AICc), kappa_hat/d 0.75, coverage 69.6%; "
         "constrained to d: 433 [311, 576]",
+        *conditions_lines(make_results()),
         "read with care (3):",
         *[f"  [caution] sae.topk.{c}: topk: {w}" for c, w in zip(CODES, WARNINGS, strict=True)],
     ]
     results = make_results()
     results["sweep"]["topk"]["cautions"] = []
-    assert len(summary(with_warnings(results)).splitlines()) == 2
+    assert len(summary(with_warnings(results)).splitlines()) == 4  # sweep, kappa_hat, conditions
     lines = summary(without_bootstrap()).splitlines()
     assert "[n/a]" in lines[1] and "coverage n/a" in lines[1]
 

@@ -26,6 +26,7 @@ def architecture_invariance(sweep: dict[str, dict]) -> dict:
                 "epsilon": a["epsilon"],
                 "n_causal": [r["n_causal"] for r in a["per_width"]],
                 "n_repr": [r["n_repr"] for r in a["per_width"]],
+                "l0": [r.get("l0") for r in a["per_width"]],
                 "n_causal_growth": a["wedge"]["n_causal_growth"],
                 "n_repr_growth": a["wedge"]["n_repr_growth"],
                 "kappa_hat": a["kappa"]["free"]["kappa"],

@@ -37,11 +37,18 @@ def _with_norms(directions: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
 
 
 def randomized(
-    sae: SAE, encoder: bool, decoder: bool, gen: torch.Generator, l0_tokens: torch.Tensor
+    sae: SAE,
+    encoder: bool,
+    decoder: bool,
+    gen: torch.Generator,
+    l0_tokens: torch.Tensor,
+    match: bool = True,
 ) -> SAE:
     """A copy of sae with a random orthonormal encoder and/or a random decoder, each
     feature keeping its trained vector norms. A random encoder gets b_enc = 0; where L0
-    is not fixed by construction it is matched again to the trained SAE's on l0_tokens."""
+    is not fixed by construction it is matched again to the trained SAE's on l0_tokens,
+    unless match=False, which keeps the trained thresholds and lets L0 move (the paper's
+    reading: the encoder as a sparsity filter)."""
     out = copy.deepcopy(sae)
     d, m = sae.cfg.d_in, sae.cfg.width
     with torch.no_grad():
@@ -49,7 +56,7 @@ def randomized(
             enc_norms = sae.W_enc_t.norm(dim=1)
             out.W_enc_t.copy_(_with_norms(_random_directions(m, d, gen, True), enc_norms))
             out.b_enc.zero_()
-            if sae.architecture != "topk":
+            if sae.architecture != "topk" and match:
                 target = float((sae.encode(l0_tokens) > 0).sum(-1).float().mean())
                 match_l0(out, l0_tokens, target)
         if decoder:
@@ -69,6 +76,7 @@ def four_cell(
     seed: int = 0,
     l0_tokens: int = 8192,
     trained_scores: dict[int, Scores] | None = None,
+    match: bool = True,
 ) -> dict:
     """N_causal with {trained, random orthonormal} encoder x {trained, random} decoder, at
     the headline epsilon, per width; and the random encoder's inflation factor (the
@@ -84,7 +92,7 @@ def four_cell(
             if (enc, dec) == ("trained", "trained") and trained_scores is not None:
                 s = trained_scores[width]
             else:
-                cell = randomized(sae, enc == "random", dec == "random", gen, sample)
+                cell = randomized(sae, enc == "random", dec == "random", gen, sample, match)
                 s = atp_scores(cell, store, cfg.blocks, cfg.read_tokens)
             cells[f"{enc}/{dec}"] = {
                 "n_causal": int((s.atp > epsilon).sum()),
@@ -146,17 +154,47 @@ def plot_four_cell(c: dict, path: Path) -> Path:
 
 
 def four_cell_section(doc: Doc, c: dict) -> None:
+    doc.p(
+        f"With L0 held (the {c['architecture']} cells: "
+        + ("k features fire in every cell" if c["architecture"] == "topk" else "L0 re-matched")
+        + ")."
+    )
+    _cells_table(doc, c)
+    free = c.get("free_l0")
+    if not free:
+        return
+    if "skipped" in free:
+        doc.p(f"With L0 free: not measured: {free['skipped']}.")
+        return
+    sweep = free["sweep"]
+    doc.p(
+        f"With L0 free: {free['architecture']} SAEs ({sweep['epochs']} epoch(s), widths "
+        f"{', '.join(f'{w:,}' for w in sweep['widths'])}) whose thresholds stay as trained, so "
+        "a random encoder changes how many features fire (L0 per cell in brackets), at "
+        f"their own epsilon ({free['epsilon']:.3g}). This is the paper's setting: the encoder "
+        "as a sparsity filter."
+    )
+    _cells_table(doc, free, with_l0=True)
+
+
+def _cells_table(doc: Doc, c: dict, with_l0: bool = False) -> None:
+    def cell(r: dict, name: str) -> str:
+        x = r["cells"][name]
+        return f"{x['n_causal']} ({x['l0']:.1f})" if with_l0 else str(x["n_causal"])
+
     doc.table(
         ["width", *[f"N_causal {cell}" for cell in c["cells"]], "random-encoder inflation"],
         [
             [
                 r["width"],
-                *[r["cells"][cell]["n_causal"] for cell in c["cells"]],
+                *[cell(r, name) for name in c["cells"]],
                 growth(r["random_encoder_inflation"]),
             ]
             for r in c["rows"]
         ],
     )
+    if with_l0:
+        return
     infl = c["random_encoder_inflation_range"]
     if infl:
         first = (
@@ -178,10 +216,38 @@ def four_cell_section(doc: Doc, c: dict) -> None:
     )
 
 
+FREE_L0 = "jumprelu"  # the cells whose L0 may move: a per-feature threshold, kept as trained
+
+
+def free_l0_cells(ctx: Context) -> dict:
+    """The four cells on JumpReLU SAEs whose thresholds stay as trained, so that a random
+    encoder may change how many features fire (TopK cells hold L0 at k in every cell):
+    the run's own JumpReLU sweep where it has one, else the controls' sweep trained under
+    OUT/architectures (shared with the architectures control, so trained once)."""
+    if FREE_L0 in ctx.here.saes:
+        saes, scores = ctx.here.saes[FREE_L0], ctx.here.scores[FREE_L0]
+        epsilon, sweep = ctx.here.analysis[FREE_L0]["epsilon"], ctx.sweep_cfg
+    elif ctx.sweep_cfg.imports:
+        return {"skipped": "the run's SAEs are imported and include no JumpReLU sweep"}
+    else:
+        there = ctx.measure_other(ctx.store, ctx.out / "architectures", [FREE_L0])
+        saes, scores = there.saes[FREE_L0], there.scores[FREE_L0]
+        epsilon, sweep = there.analysis[FREE_L0]["epsilon"], ctx.control_sweep
+    cells = four_cell(
+        saes, ctx.store, epsilon, ctx.analysis_cfg, ctx.seed, trained_scores=scores, match=False
+    )
+    return {
+        "architecture": FREE_L0,
+        "sweep": {"widths": sorted(saes), "epochs": sweep.epochs},
+        **cells,
+    }
+
+
 def _compute(ctx: Context) -> dict:
-    return four_cell(
+    out = four_cell(
         ctx.saes, ctx.store, ctx.epsilon, ctx.analysis_cfg, ctx.seed, trained_scores=ctx.scores
     )
+    return {**out, "free_l0": free_l0_cells(ctx)}
 
 
 CONTROL = Control(

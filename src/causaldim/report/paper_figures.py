@@ -9,24 +9,21 @@ from typing import NamedTuple
 from ..measures.sigma import HEADLINE
 from .direct import flagged
 from .fmt import ci, features, growth, num, pct
+from .sae_quantities import (
+    calibrated,
+    calibration_count,
+    headline_sweep,
+    kappa_hat_spread,
+    reading,
+    set_by_calibration,
+    spread_text,
+)
 
 
 class Figure(NamedTuple):
     label: str
     this_run: str
     paper: str
-
-
-def headline_sweep(results: dict) -> dict:
-    return results["sweep"][results["headline"]["architecture"]]
-
-
-def reading(a: dict) -> str:
-    """Which AtP normalisation a count used, with its floor: "firing tokens (features with
-    20+ eval firings)"."""
-    if a["normalisation"] != "firing":
-        return f"{a['normalisation']} tokens"
-    return f"firing tokens (features with {a.get('min_firings') or 1}+ eval firings)"
 
 
 def growth_ci(counted: dict) -> str:
@@ -44,6 +41,7 @@ def figures(results: dict) -> dict[str, Figure]:
     lead = sigma.get(HEADLINE)
     last = a["per_width"][-1]
     estimable = a["estimable"]
+    spread = kappa_hat_spread(results)
     att = a.get("attributed")
     erank = flagged(lead) if lead else "n/a (no logit probes)"
     pr = lead.get("participation_ratio_unbiased") if lead else None
@@ -84,9 +82,23 @@ def figures(results: dict) -> dict[str, Figure]:
             "",
         ),
         "kappa_hat": Figure(
-            "kappa_hat [95% CI]",
-            f"{free['kappa']:,.0f} {ci(free['interval_95'])}" if estimable else "not estimable",
+            "kappa_hat [95% CI over the tokens]",
+            (
+                f"{free['kappa']:,.0f} {ci(free['interval_95'])}"
+                + (
+                    f", set by the calibration: its count is {calibrated(calibration_count(a), a)}"
+                    if set_by_calibration(free["kappa"], a)
+                    else ""
+                )
+                if estimable
+                else "not estimable"
+            ),
             f"{paper['kappa_hat']:,} {ci(paper['kappa_hat_95'])}",
+        ),
+        "kappa_hat_spread": Figure(
+            "kappa_hat's whole uncertainty (tokens, SAE seeds, percentiles)",
+            spread_text(spread) if spread else "n/a",
+            "",
         ),
         "kappa_over_d": Figure(
             "kappa_hat / d",

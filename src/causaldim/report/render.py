@@ -70,8 +70,8 @@ def write_claims(runs: list[Path], out: Path | None) -> str:
     (nothing else is overwritten)."""
     from ..errors import UsageError
     from ..presets import command_for
+    from .claims_doc import across_section, claims_section
     from .doc import Doc
-    from .sections import claims_section
 
     if out is not None and out.exists() and not out.read_text().startswith(CLAIMS_MARK):
         raise UsageError(
@@ -85,6 +85,8 @@ def write_claims(runs: list[Path], out: Path | None) -> str:
         doc.h(2, f"{model} layer {s['layer']}, preset {results['preset']}: {path}")
         doc.p(f"Run as `{command_for(results['preset'], results['config'])}`.")
         claims_section(doc, results, level=3)
+    if len(loaded) > 1:
+        across_section(doc, [(str(p), r) for p, r in loaded])
     text = CLAIMS_MARK + "\n\n" + doc.markdown(out.parent if out else Path.cwd())
     if out is not None:
         atomic_write_bytes(out, text.encode())

@@ -13,6 +13,7 @@ from ..fileio import read_sealed_json, sha256_file
 from ..measures.sigma import HEADLINE
 from ..paper import PAPER
 from .cautions import collect, headline_object, touching_headline
+from .conditions import conditions
 
 if TYPE_CHECKING:
     from ..config import AnalysisConfig, HarvestConfig, SweepConfig
@@ -165,6 +166,8 @@ def build_results(
         # depend on it beyond float rounding)
         "threads": None if threads is None else threads.to_dict(),
     }
+    # the conditions every verdict holds for, with the paper's beside them
+    results["conditions"] = conditions(results)
     results["headline"] = headline_object(results, headline)
     results["warnings"] = collect(results, notes)
     results["headline"]["warnings"] = touching_headline(results["warnings"], headline)

@@ -10,7 +10,8 @@ from pathlib import Path
 from ..model.sites import aliases
 from ..presets import command_for
 from .cautions import lines as caution_lines
-from .claims import VERDICTS, claims
+from .claims_doc import claims_section
+from .conditions import conditions_lines
 from .direct import direct_kappa, direct_sigma, profile_section
 from .doc import Doc
 from .fmt import ci, features, growth, num, pct, sci
@@ -48,6 +49,7 @@ def summary(results: dict) -> str:
         f"{a['sensitivity']['normalisation']} tokens: "
         f"{growth(a['sensitivity']['n_causal_growth'])}); epsilon {a['epsilon']:.3g}",
         kappa_line(a),
+        *conditions_lines(results),
     ]
     warned = results.get("warnings") or []
     if warned:
@@ -135,7 +137,8 @@ def headline(doc: Doc, results: dict) -> None:
     sigma = results.get("sigma", {})
     doc.h(2, "Headline")
     d = results["store"]["model"]["d_model"]
-    items = [*direct_kappa(sigma, d)]
+    this, paper = conditions_lines(results)
+    items = [*direct_kappa(sigma, d), f"Measured under these conditions. {this} {paper}"]
     if a["estimable"]:
         bounded = a["kappa"]["at_most_d"]
         items += [
@@ -206,23 +209,6 @@ def beside_paper(doc: Doc, results: dict) -> None:
     doc.table(
         ["quantity", "this run", "paper"],
         [[f.label, f.this_run, f.paper] for f in paper_figures(results).values()],
-    )
-
-
-def claims_section(doc: Doc, results: dict, level: int = 2) -> None:
-    """The paper's claims, one row each, decided by claims.RULES on this run."""
-    found = claims(results)
-    doc.h(level, "The paper's claims, tested")
-    counts = {v: sum(c.verdict == v for c in found) for v in VERDICTS}
-    doc.p(
-        "Each claim's verdict is computed from results.json by a rule written once in "
-        "causaldim (report/claims.py; docs/method.md says why each): "
-        + ", ".join(f"{n} {v}" for v, n in counts.items())
-        + "."
-    )
-    doc.table(
-        ["claim", "paper", "this run", "test", "verdict"],
-        [[c.claim, c.paper, c.this_run, c.test, f"**{c.verdict}**: {c.reason}"] for c in found],
     )
 
 

@@ -1,0 +1,106 @@
+"""The claims as the report and `causaldim claims` show them: the conditions, then
+table A (kappa) and table B (the SAE estimator), each row with its verdict and reason."""
+
+from __future__ import annotations
+
+from .claims import ESTIMATOR, KAPPA, TITLES, VERDICTS, across_runs, claims
+from .conditions import conditions_lines
+from .doc import Doc
+from .fmt import num
+from .sae_quantities import (
+    calibrated,
+    calibration_count,
+    direct_text,
+    headline_sweep,
+    kappa_hat_spread,
+    spread_text,
+)
+
+
+def claims_section(doc: Doc, results: dict, level: int = 2) -> None:
+    """The paper's claims in two tables, decided by claims.RULES on this run, under the
+    conditions they were measured in."""
+    found = claims(results)
+    doc.h(level, "The paper's claims, tested")
+    doc.p(
+        "Each verdict is computed from results.json by a rule written once in causaldim "
+        "(report/claims*.py; docs/method.md says why each), and holds for these conditions "
+        "only:"
+    )
+    doc.ul(conditions_lines(results))
+    claims_tables(doc, results, found, level + 1)
+
+
+def claims_tables(doc: Doc, results: dict | None, found: list, level: int) -> None:
+    """Table A (kappa) and table B (the SAE estimator) of found; results, where given,
+    for the direct kappa and kappa_hat's spread that table B is set against."""
+    for table in (KAPPA, ESTIMATOR):
+        rows = [c for c in found if c.table == table]
+        if not rows:
+            continue
+        counts = ", ".join(f"{sum(c.verdict == v for c in rows)} {v}" for v in VERDICTS)
+        doc.h(level, f"{'A' if table == KAPPA else 'B'}. {TITLES[table]}")
+        if table == KAPPA:
+            doc.p(
+                "Decided by the direct kappa, the corrected erank of the gauge-invariant "
+                "E[J^T (I - 11^T/V) J] with its 95% interval; the paper's literal E[J^T J] "
+                "(which also counts the shift of all logits, which no prediction sees) is "
+                f"decided by the same rule beside it. The SAE route decides none of these. "
+                f"Gauge-invariant verdicts: {counts}."
+            )
+            doc.table(
+                ["claim", "paper", "test", "gauge-invariant reading (decides)", "literal E[J^T J]"],
+                [
+                    [
+                        c.claim,
+                        c.paper,
+                        c.test,
+                        _verdict_cell(c.this_run, c.verdict, c.reason),
+                        _verdict_cell(*c.literal) if c.literal else "",
+                    ]
+                    for c in rows
+                ],
+            )
+            continue
+        context = "" if results is None else estimator_context(results)
+        doc.p(f"{context}Verdicts: {counts}.")
+        doc.table(
+            ["claim", "paper", "this run", "test", "verdict"],
+            [[c.claim, c.paper, c.this_run, c.test, f"**{c.verdict}**: {c.reason}"] for c in rows],
+        )
+
+
+def _verdict_cell(shown: str, verdict: str, reason: str) -> str:
+    return f"{shown}; **{verdict}**: {reason}"
+
+
+def estimator_context(results: dict) -> str:
+    """What table B's rows are set against: the direct kappa, the synthetic model's known
+    kappa, kappa_hat's whole uncertainty and the count the calibration fixes."""
+    a = headline_sweep(results)
+    syn = (results.get("controls") or {}).get("synthetic") or {}
+    parts = [f"This layer's direct kappa: {direct_text(results)}."]
+    if syn.get("k"):
+        parts.append(
+            f"The synthetic model's known kappa: {syn['k']} (the direct erank reads "
+            f"{num((syn.get('direct') or {}).get('erank'), 2)})."
+        )
+    spread = kappa_hat_spread(results)
+    if spread:
+        parts.append(f"kappa_hat's whole uncertainty: {spread_text(spread)}.")
+    parts.append(
+        f"N_causal at the reference width is {calibrated(calibration_count(a), a)} for any "
+        "layer, architecture or dictionary: it decides nothing."
+    )
+    return " ".join(parts) + " "
+
+
+def across_section(doc: Doc, runs: list[tuple[str, dict]], level: int = 2) -> None:
+    """The claims that compare runs, decided across the runs given."""
+    doc.h(level, "Across the runs: the claims one run cannot test")
+    doc.p(
+        "kappa and the text: runs of one model and layer on different corpora; kappa and "
+        "the scale: runs of different models at matched relative depth on one corpus. "
+        "Each run's conditions are stated in its own section."
+    )
+    claims_tables(doc, None, across_runs(runs), level + 1)

@@ -1,0 +1,346 @@
+"""Table A: the paper's claims about kappa itself, decided by the direct estimate (the
+corrected erank of Sigma_L and its U-statistic PR), each rule run on the gauge-invariant
+reading E[J^T (I - 11^T/V) J] (the direct kappa, which decides) and on the paper's literal
+E[J^T J] beside it. The SAE route never decides these: its counts are set by calibration.
+
+Two claims compare runs (the text, the scale): one run cannot test them; `causaldim
+claims RUN RUN ...` decides them across the runs given (across())."""
+
+from __future__ import annotations
+
+from itertools import combinations
+
+from ..measures.sigma import HEADLINE
+from .fmt import ci, num
+from .verdicts import (
+    CONSTANT,
+    FAILS,
+    HOLDS,
+    KAPPA,
+    UNTESTABLE,
+    Claim,
+    Decided,
+    Rule,
+    band,
+    decided,
+    finite,
+    meets,
+)
+
+LITERAL = "logits_uncentred"  # the paper's E[J^T J], shift direction included
+READINGS = {HEADLINE: "gauge-invariant E[J^T (I - 11^T/V) J]", LITERAL: "literal E[J^T J]"}
+TEXT_MOVES = 1.1  # "kappa follows the text": corpora's kappas apart by at least this factor
+MATCHED_DEPTH = 0.05  # runs of two models count as matched if relative depths differ by less
+
+
+def _estimate(results: dict, reading: str) -> tuple[dict | None, str | None]:
+    """The reading's estimate, or why a rule cannot use it."""
+    est = (results.get("sigma") or {}).get(reading)
+    if not est:
+        return None, f"no {reading} reading (--logit-probes 0)"
+    if not finite(est.get("erank_corrected"), *(est.get("erank_corrected_95") or [None])):
+        return None, f"the {reading} reading has no corrected erank"
+    if est.get("converged") is False:
+        need = est.get("eval_tokens_needed")
+        return None, f"the {reading} reading has not converged" + (
+            f" (about {need:,} eval tokens would do)" if need else ""
+        )
+    return est, None
+
+
+def _kappa(est: dict) -> str:
+    return f"{num(est['erank_corrected'])} {ci(est['erank_corrected_95'])}"
+
+
+def level(results: dict, reading: str) -> Decided:
+    est, why = _estimate(results, reading)
+    if est is None:
+        return "n/a", UNTESTABLE, why
+    d = results["store"]["model"]["d_model"]
+    over_d = [v / d for v in est["erank_corrected_95"]]
+    shown = f"kappa {_kappa(est)}; kappa / d {est['erank_corrected'] / d:.2f} {ci(over_d, 2)}"
+    low, high = band(results["paper"]["kappa_over_d"], cap=1.0)
+    return decided(
+        shown,
+        meets(over_d, low, high),
+        f"kappa / d's interval {ci(over_d, 2)} "
+        + ("meets" if meets(over_d, low, high) else "misses")
+        + f" [{low:.2f}, {high:.2f}]",
+    )
+
+
+def paper_spectrum_ratio(paper: dict) -> float:
+    return paper["kappa_pr"] / paper["kappa_hat"]
+
+
+def spectrum(results: dict, reading: str) -> Decided:
+    est, why = _estimate(results, reading)
+    if est is None:
+        return "n/a", UNTESTABLE, why
+    pr, pr_95 = est.get("participation_ratio_unbiased"), est.get("participation_ratio_unbiased_95")
+    if not pr_95 or not finite(pr, *pr_95):
+        return "n/a", UNTESTABLE, f"the {reading} reading has no unbiased PR"
+    er, er_95 = est["erank_corrected"], est["erank_corrected_95"]
+    ratio = [pr_95[0] / er_95[1], pr_95[1] / er_95[0]]
+    shown = f"PR {num(pr)} {ci(pr_95)} / kappa {_kappa(est)} = {pr / er:.2f} {ci(ratio, 2)}"
+    low, high = band(paper_spectrum_ratio(results["paper"]))
+    if meets(ratio, low, high):
+        return shown, HOLDS, f"PR / kappa's interval {ci(ratio, 2)} meets [{low:.2f}, {high:.2f}]"
+    shape = "flatter" if ratio[0] > high else "more heavy-tailed"
+    return (
+        shown,
+        FAILS,
+        f"PR / kappa's interval {ci(ratio, 2)} misses [{low:.2f}, {high:.2f}]: a {shape} "
+        "spectrum than the paper's",
+    )
+
+
+def bound(results: dict, reading: str) -> Decided:
+    est, why = _estimate(results, reading)
+    if est is None:
+        return "n/a", UNTESTABLE, why
+    model = results["store"]["model"]
+    cap = min(model["d_model"], model.get("vocab_size") or model["d_model"])
+    iv = est["erank_corrected_95"]
+    shown = f"kappa {_kappa(est)} against min(d, |V|) = {cap:,}"
+    inside = iv[0] >= 1.0 and iv[1] <= cap
+    return decided(
+        shown,
+        inside,
+        f"the interval {ci(iv)} lies " + ("inside" if inside else "outside") + f" [1, {cap:,}]",
+    )
+
+
+def profile_kappas(results: dict, reading: str) -> tuple[dict[int, float], list[int]]:
+    """Per layer (the first and last blocks left out, as the depth control leaves them),
+    the profile's corrected erank of the reading where it converged; and the layers left
+    out for not converging."""
+    layers = (results.get("profile") or {}).get("layers") or {}
+    n = len(layers)
+    kept, unconverged = {}, []
+    for key, readings in layers.items():
+        i, est = int(key), readings.get(reading)
+        if est is None or i in (0, n - 1) or est.get("erank_corrected") is None:
+            continue
+        if est.get("converged") is False:
+            unconverged.append(i)
+        else:
+            kept[i] = est["erank_corrected"]
+    return kept, sorted(unconverged)
+
+
+def depth(results: dict, reading: str) -> Decided:
+    kappas, unconverged = profile_kappas(results, reading)
+    if not results.get("profile"):
+        return "n/a", UNTESTABLE, "no all-layer profile (pass --profile)"
+    if len(kappas) < 3:
+        return (
+            "n/a",
+            UNTESTABLE,
+            (
+                f"{len(kappas)} layers of the profile converged (needs 3; unconverged: "
+                f"{unconverged})"
+            ),
+        )
+    lo, hi = min(kappas, key=kappas.get), max(kappas, key=kappas.get)
+    spread = kappas[hi] / kappas[lo]
+    shown = (
+        f"{num(kappas[lo])} (layer {lo}) to {num(kappas[hi])} (layer {hi}) over "
+        f"{len(kappas)} layers"
+    )
+    left_out = f"; {len(unconverged)} unconverged layers left out" if unconverged else ""
+    return decided(
+        shown,
+        spread <= CONSTANT,
+        f"largest / smallest {spread:.2f} (constant: <= {CONSTANT}){left_out}",
+    )
+
+
+def one_run_only(what: str, whats: str) -> Decided:
+    return (
+        "n/a",
+        UNTESTABLE,
+        (
+            f"one run measures one {what}; `causaldim claims RUN RUN ...` decides it across runs "
+            f"of different {whats}"
+        ),
+    )
+
+
+RULES = (
+    Rule(
+        "kappa_level",
+        "kappa is most of d",
+        lambda p: f"kappa / d = {p['kappa_over_d']} (kappa_hat {p['kappa_hat']:,} / d)",
+        "kappa / d's 95% interval meets the paper's ratio within a factor 1.5",
+        level,
+    ),
+    Rule(
+        "kappa_spectrum",
+        "kappa's spectrum is heavy-tailed: the participation ratio far below the erank",
+        lambda p: (
+            f"PR / kappa = {p['kappa_pr']} / {p['kappa_hat']:,} = {paper_spectrum_ratio(p):.2f}"
+        ),
+        "PR / kappa's 95% interval meets the paper's ratio within a factor 1.5",
+        spectrum,
+    ),
+    Rule(
+        "kappa_bound",
+        "kappa <= min(d, |V|) (the paper's kappa_hat interval is not bounded by d)",
+        lambda p: f"kappa_hat {ci(p['kappa_hat_95'])} against d = {p['d_model']:,}",
+        "the estimate's 95% interval lies inside [1, min(d, |V|)]",
+        bound,
+    ),
+    Rule(
+        "kappa_depth",
+        "kappa is constant across depth",
+        lambda p: "constant over 8 layers",
+        f"the profile's converged kappas (first and last blocks left out) within x{CONSTANT}",
+        depth,
+    ),
+    Rule(
+        "kappa_text",
+        "kappa is set by what the text asks of the model",
+        lambda p: "kappa follows the diversity of the task",
+        f"two corpora on one model and layer: kappa's intervals apart and by x{TEXT_MOVES}+",
+        lambda results, reading: one_run_only("corpus", "corpora"),
+    ),
+    Rule(
+        "kappa_scale",
+        "kappa does not change with the model's scale",
+        lambda p: "Gemma-2-2B and 9B alike at matched relative depth",
+        f"two models at matched relative depth on one corpus: kappas within x{CONSTANT}",
+        lambda results, reading: one_run_only("model", "models"),
+    ),
+)
+
+
+# Across runs: the claims one run cannot test.
+
+
+def _label(name: str, results: dict) -> str:
+    return f"{name} (layer {results['store']['layer']})"
+
+
+def _relative_depth(results: dict) -> float:
+    return (results["store"]["layer"] + 1) / results["store"]["model"]["n_layers"]
+
+
+def _pairs(runs, same, differ) -> list:
+    return [(a, b) for a, b in combinations(runs, 2) if same(a[1], b[1]) and differ(a[1], b[1])]
+
+
+def _corpus(r: dict) -> str:
+    return r["inputs"]["corpus"].get("sha256") or r["inputs"]["corpus"]["id"]
+
+
+def _model(r: dict) -> str:
+    return str(r["inputs"]["model"].get("files") or r["inputs"]["model"]["name"])
+
+
+def _compare(pairs, reading: str, rule) -> Decided:
+    usable, why = [], []
+    for (na, a), (nb, b) in pairs:
+        ea, wa = _estimate(a, reading)
+        eb, wb = _estimate(b, reading)
+        if ea is None or eb is None:
+            why.append(f"{na} / {nb}: {wa or wb}")
+        else:
+            usable.append(((na, a, ea), (nb, b, eb)))
+    if not usable:
+        return "n/a", UNTESTABLE, "; ".join(why) or "no pair of runs to compare"
+    return rule(usable)
+
+
+def _text_rule(usable) -> Decided:
+    shown, holds = [], True
+    for (na, a, ea), (nb, b, eb) in usable:
+        ratio = max(ea["erank_corrected"], eb["erank_corrected"]) / min(
+            ea["erank_corrected"], eb["erank_corrected"]
+        )
+        ia, ib = ea["erank_corrected_95"], eb["erank_corrected_95"]
+        apart = ia[1] < ib[0] or ib[1] < ia[0]
+        holds = holds and apart and ratio >= TEXT_MOVES
+        shown.append(f"{_label(na, a)} {_kappa(ea)} vs {_label(nb, b)} {_kappa(eb)}: x{ratio:.2f}")
+    return decided(
+        "; ".join(shown),
+        holds,
+        "every pair of corpora apart by x"
+        + (f"{TEXT_MOVES}+ with disjoint intervals" if holds else f"{TEXT_MOVES}+: not so"),
+    )
+
+
+def _scale_rule(usable) -> Decided:
+    shown, worst = [], 1.0
+    for (na, a, ea), (nb, b, eb) in usable:
+        ratio = max(ea["erank_corrected"], eb["erank_corrected"]) / min(
+            ea["erank_corrected"], eb["erank_corrected"]
+        )
+        worst = max(worst, ratio)
+        family = {
+            a["store"]["model"]["identity"].get("family"),
+            b["store"]["model"]["identity"].get("family"),
+        }
+        across = " (across families, not the paper's same-family test)" if len(family) > 1 else ""
+        shown.append(f"{_label(na, a)} {_kappa(ea)} vs {_label(nb, b)} {_kappa(eb)}{across}")
+    return decided(
+        "; ".join(shown),
+        worst <= CONSTANT,
+        f"largest / smallest kappa over the pairs x{worst:.2f} (alike: <= x{CONSTANT})",
+    )
+
+
+def across(runs: list[tuple[str, dict]]) -> list[Claim]:
+    """The text and scale claims, decided across runs: runs of one model and layer on
+    different corpora (text); runs of different models at matched relative depth on one
+    corpus (scale)."""
+    text_pairs = _pairs(
+        runs,
+        lambda a, b: _model(a) == _model(b) and a["store"]["layer"] == b["store"]["layer"],
+        lambda a, b: _corpus(a) != _corpus(b),
+    )
+    scale_pairs = _pairs(
+        runs,
+        lambda a, b: (
+            _corpus(a) == _corpus(b)
+            and abs(_relative_depth(a) - _relative_depth(b)) < MATCHED_DEPTH
+        ),
+        lambda a, b: _model(a) != _model(b),
+    )
+    paper = runs[0][1]["paper"] if runs else {}
+    return [
+        _across_claim(
+            "kappa_text",
+            text_pairs,
+            _text_rule,
+            "no two runs of one model and layer on different corpora",
+            paper,
+        ),
+        _across_claim(
+            "kappa_scale",
+            scale_pairs,
+            _scale_rule,
+            "no two runs of different models at matched relative depth on one corpus",
+            paper,
+        ),
+    ]
+
+
+def _across_claim(key: str, pairs: list, rule, none: str, paper: dict) -> Claim:
+    spec = next(r for r in RULES if r.key == key)
+
+    def decide(reading: str) -> Decided:
+        return _compare(pairs, reading, rule) if pairs else ("n/a", UNTESTABLE, none)
+
+    shown, verdict, reason = decide(HEADLINE)
+    return Claim(
+        key,
+        KAPPA,
+        spec.claim,
+        spec.paper(paper),
+        shown,
+        spec.test,
+        verdict,
+        reason,
+        literal=decide(LITERAL),
+    )
