@@ -347,7 +347,7 @@ def test_a_kappa_hat_set_by_the_calibration_decides_nothing():
     results = consistency_untestable()
     found, why = verdict(results, "consistency")
     assert found == UNTESTABLE and "measures the percentile, not the layer" in why
-    assert "fixed by calibration: 2% of 1,024" in why
+    assert "20 (fixed by calibration: 2% of 1,024)" in why
     beside = text(beside_paper, results=results)
     assert "set by the calibration" in beside
 

@@ -20,6 +20,7 @@ from causaldim.measures.analysis import ATP_EDGES
 from causaldim.measures.sigma import DEFINITIONS
 from causaldim.paper import PAPER
 from causaldim.report.cautions import collect, headline_object, touching_headline
+from causaldim.report.conditions import conditions_lines
 from causaldim.report.direct import direct_sigma, sigma_table
 from causaldim.report.doc import Doc
 from causaldim.report.figures import plot_atp, plot_sigma, plot_wedge
@@ -27,7 +28,6 @@ from causaldim.report.fmt import ci, features, growth, num, pct, sci
 from causaldim.report.render import figure_plan, render
 from causaldim.report.results import SCHEMA, load_results
 from causaldim.report.results import direct_kappa as direct_number
-from causaldim.report.conditions import conditions_lines
 from causaldim.report.sections import (
     beside_paper,
     build_report,
@@ -575,8 +575,8 @@ def test_sweeps_show_the_calibration_and_every_width():
         "CE rec. |"
     ) in md
     assert (
-        "| 1,024 | 1,010 | [998, 1,022] | 41 | [35, 48] | 95.9% | 31.9 | 0.812 | 7.0% | 0.913 |"
-        in md
+        "| 1,024 | 1,010 | [998, 1,022] | 41 (calibration) | [35, 48] | 95.9% | 31.9 | 0.812 "
+        "| 7.0% | 0.913 |" in md
     )
     assert (
         "| 4,096 | 3,816 | [3,790, 3,840] | 301 | [270, 333] | 92.1% | 31.6 | 0.871 | 11.1% | "
@@ -730,7 +730,9 @@ def test_missing_values_render_as_na():
     assert "| coverage at the widest SAE | n/a | 72.0% |" in md
     assert "| width for 95% of kappa_hat | n/a | 2,600,000 features |" in md
     assert "95% interval [n/a]); 8,192 eval tokens in 32 blocks, 0 bootstrap resamples" in md
-    assert "| 1,024 | 1,010 | [n/a] | 41 | [n/a] | 95.9% | n/a | n/a | n/a | n/a |" in md
+    assert (
+        "| 1,024 | 1,010 | [n/a] | 41 (calibration) | [n/a] | 95.9% | n/a | n/a | n/a | n/a |" in md
+    )
     assert "| hyperbolic | 433 | [n/a] | 19.87 | 9.87 | 9,880 | n/a |  |" in md
     assert (
         "| fisher | erank(E[J^T (diag p - p p^T) J]) | 232 [n/a] | 0.403 | 79.9 | [n/a] | 210.9 | "

@@ -40,7 +40,8 @@ def calibration_count(a: dict) -> float:
 def calibrated(n, a: dict) -> str:
     """A count at the reference width, labelled as the calibration's."""
     return (
-        f"{num(n)} (fixed by calibration: {100 - a['percentile']:g}% of {a['reference_width']:,})"
+        f"{round(n):,} (fixed by calibration: {100 - a['percentile']:g}% of "
+        f"{a['reference_width']:,})"
     )
 
 

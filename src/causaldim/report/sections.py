@@ -221,7 +221,10 @@ def sweeps(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
             f"percentile of AtP at width {arch_results['reference_width']}; 95% interval "
             f"{sci(arch_results['epsilon_95'])}); {arch_results['n_eval_tokens']:,} eval "
             f"tokens in {arch_results['blocks']} blocks, {arch_results['bootstrap']} "
-            "bootstrap resamples (re-scored, re-calibrated, re-counted, re-fitted)."
+            "bootstrap resamples (re-scored, re-calibrated, re-counted, re-fitted). N_causal "
+            f"at width {arch_results['reference_width']:,} is fixed by that calibration "
+            f"({100 - arch_results['percentile']:g}% of the width, marked): it says nothing "
+            "about the layer."
         )
         doc.table(
             [
@@ -242,7 +245,8 @@ def sweeps(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
                     f"{r['width']:,}",
                     f"{r['n_repr']:,}",
                     ci(r.get("n_repr_95")),
-                    f"{r['n_causal']:,}",
+                    f"{r['n_causal']:,}"
+                    + (" (calibration)" if r["width"] == arch_results["reference_width"] else ""),
                     ci(r.get("n_causal_95")),
                     *(
                         [f"{r.get('n_too_rare', 0):,}"]
