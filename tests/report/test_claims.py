@@ -434,3 +434,13 @@ def test_the_report_says_what_each_width_loses_to_the_firing_floor():
     assert "too rare to score, per width: 0 / 12 / 340" in md
     assert "the widest SAE's median feature fires 14.0 times in eval, below the floor" in md
     assert [r["n_too_rare_other"] for r in width_rows(results)] == [0, 12, 340]
+
+
+def test_docs_claims_md_is_what_causaldim_claims_writes_from_docs_replicate(monkeypatch):
+    from pathlib import Path
+
+    from causaldim.report.render import write_claims
+
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)
+    assert write_claims([Path("docs/replicate")], None) == (root / "docs/claims.md").read_text()

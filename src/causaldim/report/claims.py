@@ -26,37 +26,19 @@ TITLES = {
 
 def claims(results: dict) -> list[Claim]:
     """Every claim of both tables, decided on this run, table A first."""
-    out = []
-    for rule in RULES[KAPPA]:
-        shown, verdict, reason = rule.decide(results, HEADLINE)
-        out.append(
-            Claim(
-                rule.key,
-                KAPPA,
-                rule.claim,
-                rule.paper(results["paper"]),
-                shown,
-                rule.test,
-                verdict,
-                reason,
-                literal=rule.decide(results, claims_kappa.LITERAL),
-            )
-        )
-    for rule in RULES[ESTIMATOR]:
-        shown, verdict, reason = rule.decide(results)
-        out.append(
-            Claim(
-                rule.key,
-                ESTIMATOR,
-                rule.claim,
-                rule.paper(results["paper"]),
-                shown,
-                rule.test,
-                verdict,
-                reason,
-            )
-        )
-    return out
+
+    def row(rule: Rule, table: str, decided: tuple, literal: tuple | None = None) -> Claim:
+        shown, verdict, reason = decided
+        paper = rule.paper(results["paper"])
+        return Claim(rule.key, table, rule.claim, paper, shown, rule.test, verdict, reason, literal)
+
+    return [
+        *(
+            row(r, KAPPA, r.decide(results, HEADLINE), r.decide(results, claims_kappa.LITERAL))
+            for r in RULES[KAPPA]
+        ),
+        *(row(r, ESTIMATOR, r.decide(results)) for r in RULES[ESTIMATOR]),
+    ]
 
 
 def across_runs(runs: list[tuple[str, dict]]) -> list[Claim]:

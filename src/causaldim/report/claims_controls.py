@@ -7,12 +7,14 @@ from __future__ import annotations
 import math
 
 from .fmt import ci, growth, num, pct
-from .paper_figures import headline_sweep
 from .sae_quantities import (
     direct,
+    headline_sweep,
+    set_by_calibration,
 )
 from .verdicts import (
     AUC_MARGIN,
+    CALIBRATION_NEAR,
     CONSTANT,
     EPSILON_FALLS,
     FAILS,
@@ -102,6 +104,17 @@ def thresholds(results: dict, c: dict) -> Decided:
         )
         for r in rows
     )
+    a = headline_sweep(results)
+    forced = [
+        r["percentile"]
+        for r in grows
+        if set_by_calibration(r["kappa_hat"], {**a, "percentile": r["percentile"]})
+    ]
+    if forced:
+        shown += (
+            f"; within x{CALIBRATION_NEAR:g} of its calibration's count (1 - p) m_ref at "
+            + ", ".join(f"{p:g}th" for p in forced)
+        )
     if len(grows) < 2:
         return shown, UNTESTABLE, f"kappa_hat is estimable at {len(grows)} percentile(s) (needs 2)"
     kappas = [r["kappa_hat"] for r in grows]
