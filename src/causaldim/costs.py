@@ -89,6 +89,11 @@ class Rates(NamedTuple):
         )
 
 
+PRODUCT_FLOPS = 4e9  # the largest product the dry run times (a fraction of a second)
+PROBE_ROWS = 8  # rows of the first, small product that tells a slow number type
+SLOW_RATE = 2e9  # FLOP/s: a probe slower than this gives the rate itself
+
+
 def _median_seconds(fn, reps: int, sync) -> float:
     fn()  # warm-up
     sync()
@@ -121,8 +126,16 @@ def calibrate(
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
     def product_rate(rows: int, cols: int, dt: str) -> float:
-        a = torch.randn(rows, d, dtype=getattr(torch, dt), device=dev)
+        # A product of PROBE_ROWS rows first: where even that is slow (bfloat16 on a CPU
+        # without bf16 instructions runs at a fraction of a GFLOP/s), the rate is timed on
+        # it alone; otherwise on a product of at most PRODUCT_FLOPS.
         b = torch.randn(d, cols, dtype=getattr(torch, dt), device=dev)
+        probe = torch.randn(PROBE_ROWS, d, dtype=getattr(torch, dt), device=dev)
+        probe_rate = 2 * PROBE_ROWS * d * cols / _median_seconds(lambda: probe @ b, 1, sync)
+        if probe_rate < SLOW_RATE:
+            return probe_rate
+        rows = max(64, min(rows, int(PRODUCT_FLOPS / (2 * d * cols))))
+        a = torch.randn(rows, d, dtype=getattr(torch, dt), device=dev)
         return 2 * rows * d * cols / _median_seconds(lambda: a @ b, 7, sync)
 
     x = torch.randn(d, d, device=dev)
