@@ -240,10 +240,15 @@ def task(results: dict, c: dict) -> Decided:
     n, iv = c["n_ground_truth"], c["recovered_95"]
     shown = f"{pct(c['recovered_fraction'])} {ci(iv, 2)} of {n} ground-truth features"
     if n < MIN_TRUTH:
+        evaluated = c.get("n_evaluated")
+        of = "" if evaluated is None else f" of the {evaluated} features ablated"
+        frac = c.get("fraction")
+        bar = "" if frac is None else f" at a bar of {pct(frac)} of the metric"
         return (
             shown,
             UNTESTABLE,
-            (f"{n} ground-truth features (needs {MIN_TRUTH}); raise --task-prompts"),
+            f"{n} ground-truth features{of}{bar} (needs {MIN_TRUTH}); more prompts "
+            "(--task-prompts) sharpen the effects but may not add features that clear the bar",
         )
     if iv[0] >= RECOVERY:
         return shown, HOLDS, f"the interval's lower end {pct(iv[0])} clears {pct(RECOVERY)}"
