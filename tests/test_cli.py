@@ -315,3 +315,35 @@ def test_output_folder_of_another_harvest_is_refused(tmp_path, tiny_model, text_
     err = capsys.readouterr().err.strip()
     assert "holds a run of another harvest" in err and "seq_len" in err
     assert snapshot(tmp_path) == before
+
+
+def _float_fields():
+    import dataclasses
+
+    from causaldim.config import AnalysisConfig, HarvestConfig, SweepConfig
+
+    for cls in (HarvestConfig, AnalysisConfig, SweepConfig):
+        for f in dataclasses.fields(cls):
+            if isinstance(getattr(cls(), f.name), float):
+                yield cls, f.name
+
+
+@pytest.mark.parametrize("cls, name", list(_float_fields()))
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_every_float_setting_refuses_nan_and_infinity(cls, name, value):
+    import dataclasses
+
+    from causaldim.errors import UsageError
+
+    flag = name.replace("_", "-")
+    with pytest.raises(UsageError, match=f"^--{flag} must be a finite number, got"):
+        dataclasses.replace(cls(), **{name: value}).check()
+
+
+@pytest.mark.parametrize("flag", ["--lr", "--outlier-factor", "--converged-change"])
+def test_a_nan_setting_stops_the_dry_run_too(tmp_path, tiny_model, text_corpus, capsys, flag):
+    out = tmp_path / "out"
+    args = ["--model", tiny_model("llama"), "--corpus", str(text_corpus), "--out", str(out)]
+    assert cli.main(["--quiet", "run", "--dry-run", *args, flag, "nan"]) == 2
+    assert f"{flag} must be a finite number, got nan" in capsys.readouterr().err
+    assert not out.exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,6 +131,7 @@ class HarvestConfig:
 
     def check(self) -> None:
         """Checks that need no model, corpus or disk access beyond stat calls."""
+        check_finite(self)
         positive = ("tokens", "seq_len", "batch_size", "shard_tokens")
         for name in positive:
             if getattr(self, name) is not None and getattr(self, name) <= 0:
@@ -258,6 +260,7 @@ class AnalysisConfig:
         return list(CONTROLS) if "all" in self.controls else list(dict.fromkeys(self.controls))
 
     def check(self) -> None:
+        check_finite(self)
         bad = [c for c in self.controls if c not in ("all", *CONTROLS)]
         if bad:
             raise UsageError(
@@ -310,6 +313,17 @@ class AnalysisConfig:
 
 def _flag(name: str) -> str:
     return name.replace("_", "-")
+
+
+def check_finite(cfg) -> None:
+    """One rule for every float setting: NaN and infinity are refused by name (a range
+    check alone lets NaN through, since every comparison with it is false)."""
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        values = value if isinstance(value, (list, tuple)) else [value]
+        bad = [v for v in values if isinstance(v, float) and not math.isfinite(v)]
+        if bad:
+            raise UsageError(f"--{_flag(f.name)} must be a finite number, got {bad[0]}")
 
 
 @dataclass
@@ -395,6 +409,7 @@ class SweepConfig:
         return bool(self.sae_paths or self.sae_release)
 
     def check(self) -> None:
+        check_finite(self)
         missing = [p for p in self.sae_paths if not Path(p).exists()]
         if missing:
             raise UsageError(f"--sae-paths: {missing[0]} does not exist")
