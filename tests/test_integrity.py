@@ -100,3 +100,14 @@ def test_damaged_results_are_named_by_report(how, finished, tmp_path, capsys):
     damage(out / "results.json", how)
     assert cli.main(["report", str(out / "results.json")]) == 2
     assert "results.json" in capsys.readouterr().err
+
+
+def test_written_files_are_plain_files_others_can_read(tmp_path):
+    import os
+    import stat
+
+    from causaldim.fileio import UMASK, atomic_write_bytes
+
+    path = tmp_path / "results.json"
+    atomic_write_bytes(path, b"{}")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o666 & ~UMASK  # 0644 under umask 022

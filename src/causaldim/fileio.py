@@ -9,6 +9,11 @@ import os
 import tempfile
 from pathlib import Path
 
+# The process's umask, read once at import (reading it means setting it, which is not
+# safe once other threads create files).
+UMASK = os.umask(0)
+os.umask(UMASK)
+
 
 def atomic_write_bytes(path: Path, data: bytes) -> str:
     """Write data to path atomically; returns its sha256."""
@@ -20,6 +25,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> str:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~UMASK)  # mkstemp makes 0600; a plain file gets 0644
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
