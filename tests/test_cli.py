@@ -347,3 +347,13 @@ def test_a_nan_setting_stops_the_dry_run_too(tmp_path, tiny_model, text_corpus, 
     assert cli.main(["--quiet", "run", "--dry-run", *args, flag, "nan"]) == 2
     assert f"{flag} must be a finite number, got nan" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_cmd_models", interrupted)
+    assert cli.main(["models"]) == 130
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "interrupted; run the same command again" in err

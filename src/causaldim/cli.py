@@ -421,6 +421,13 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, IntegrityError, FloatingPointError) as exc:
         print(f"causaldim: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # what was finished is on disk (every artifact is written atomically)
+        print(
+            "causaldim: interrupted; run the same command again to resume from what is done",
+            file=sys.stderr,
+        )
+        return 130
 
 
 if __name__ == "__main__":
