@@ -46,6 +46,16 @@ def drifting_profile(results):
     results["profile"] = {"layers": {"0": row, "1": row}, "run_layer": 1}
 
 
+def outliers_holding_most_variance(results):
+    results["store"]["outliers"]["variance_share"] = 0.989
+
+
+def poor_saes(results):
+    results["sweep"]["topk"]["per_width"][0].update(
+        fraction_variance_explained=0.03, ce_loss_recovered=0.14
+    )
+
+
 def control_warning(results):
     results["controls"] = {"depth": {"warnings": ["layer 1's sweep is not estimable"]}}
 
@@ -70,6 +80,8 @@ CASES = [
         )
     ),
     ("sae.topk.not_estimable", not_estimable),
+    ("direct.outliers_left_out", outliers_holding_most_variance),
+    ("sae.topk.poor_reconstruction", poor_saes),
     *(
         (f"sae.topk.{code}", sweep_caution(code))
         for code in (
@@ -101,6 +113,6 @@ def test_each_warning_is_everywhere_the_numbers_are(tmp_path, code, raise_it):
     assert report.startswith("## Read with care") and f"- {line}" in report
     write_sealed_json(tmp_path / "results.json", results)
     assert w in causaldim.load(tmp_path).warnings
-    touches = code.startswith(("direct.logits.", "sae.topk."))
+    touches = code.startswith(("direct.logits.", "direct.outliers_left_out", "sae.topk."))
     assert (code in results["headline"]["warnings"]) == touches
     assert w["severity"] == ("caution" if touches else "note")

@@ -26,9 +26,13 @@ def collect(results: dict, notes: list | tuple = ()) -> list[dict]:
         for code, message in est.get("cautions") or []:
             severity = CAUTION if reading == HEADLINE else NOTE
             out.append(_item(f"direct.{reading}.{code}", f"{reading}: {message}", severity))
+    out += _left_out(results)
     arch = results["headline"]["architecture"]
     for name, a in results.get("sweep", {}).items():
         severity = CAUTION if name == arch else NOTE
+        poor = _poor_reconstruction(a)
+        if poor:
+            out.append(_item(f"sae.{name}.poor_reconstruction", f"{name}: {poor}", severity))
         if not a["estimable"]:
             out.append(
                 _item(
@@ -53,10 +57,62 @@ def collect(results: dict, notes: list | tuple = ()) -> list[dict]:
     return out
 
 
+MOST_VARIANCE = 0.5  # outliers holding this share of the residual variance or more: a caution
+POOR = 0.5  # an SAE below this FVE or CE loss recovered reconstructs poorly
+LEFT_OUT = "direct.outliers_left_out"
+
+
+def _left_out(results: dict) -> list[dict]:
+    """Outlier tokens left out of Sigma and the SAEs that hold most of the residual
+    variance: what the headline integrates is not the whole stream."""
+    store = results.get("store") or {}
+    o = store.get("outliers") or {}
+    analysis = (results.get("config") or {}).get("analysis") or {}
+    if analysis.get("include_outliers") or (o.get("variance_share") or 0) < MOST_VARIANCE:
+        return []
+    share = o["n_outliers"] / o["n_tokens"] if o.get("n_tokens") else None
+    return [
+        _item(
+            LEFT_OUT,
+            f"position 0 and tokens with a residual norm above {o['factor']:g}x the median, "
+            f"{o['n_outliers']:,} tokens ({100 * share:.1f}% of them), were left out of Sigma "
+            f"and the SAEs; they carry {100 * o['variance_share']:.1f}% of the residual "
+            "variance (--include-outliers keeps them)",
+            CAUTION,
+        )
+    ]
+
+
+def _poor_reconstruction(a: dict) -> str | None:
+    """The widths whose SAEs reconstruct poorly (FVE or CE loss recovered below POOR)."""
+    poor = [
+        r
+        for r in a.get("per_width", [])
+        if any(
+            r.get(key) is not None and r[key] < POOR
+            for key in ("fraction_variance_explained", "ce_loss_recovered")
+        )
+    ]
+    if not poor:
+        return None
+
+    def span(key: str) -> str:
+        vals = [r[key] for r in poor if r.get(key) is not None]
+        return "n/a" if not vals else f"{min(vals):.2f}-{max(vals):.2f}"
+
+    widths = ", ".join(f"{r['width']:,}" for r in poor)
+    return (
+        f"the SAEs of width {widths} reconstruct poorly "
+        f"(FVE {span('fraction_variance_explained')}, CE loss recovered "
+        f"{span('ce_loss_recovered')}; below {POOR}): their counts describe a poor "
+        "dictionary, not the layer"
+    )
+
+
 def touching_headline(warnings: list[dict], architecture: str) -> list[str]:
-    """The codes of the warnings that touch the headline: its direct reading's, and the
-    headline architecture's kappa_hat."""
-    prefixes = (f"direct.{HEADLINE}.", f"sae.{architecture}.")
+    """The codes of the warnings that touch the headline: its direct reading's, what was
+    left out of Sigma, and the headline architecture's kappa_hat."""
+    prefixes = (f"direct.{HEADLINE}.", LEFT_OUT, f"sae.{architecture}.")
     return [w["code"] for w in warnings if w["code"].startswith(prefixes)]
 
 
