@@ -152,3 +152,15 @@ def test_the_activations_reading_is_left_uncorrected():
     est = estimate("activations", sums, AnalysisConfig())
     assert est.erank_corrected is None and est.participation_ratio_unbiased is None
     assert math.isfinite(est.n_eff) and est.n_eff > 0
+
+
+def test_intervals_stay_where_an_erank_and_a_pr_can_be():
+    """A flat spectrum (erank = d) from few sequences: the interval would reach past d;
+    it is held to [1, d], and the PR's to at most the erank's upper end."""
+    lam = bench.power_law(D, 0.0)
+    u = bench.stress_samples(lam, "elliptical", 0.5, 12, torch.Generator().manual_seed(2))
+    est = estimate("loss", bench.block_sums(u, 12), AnalysisConfig(), 0)
+    lo, hi = est.erank_corrected_95
+    assert 1.0 <= lo <= hi <= D
+    pr_lo, pr_hi = est.participation_ratio_unbiased_95
+    assert 1.0 <= pr_lo <= pr_hi <= hi

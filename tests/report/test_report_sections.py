@@ -1035,3 +1035,29 @@ def test_the_fits_table_holds_every_fit_the_report_shows_estimable_or_not():
     again = fit_rows(results)
     assert [r["kappa_hat"] for r in again] == [r["kappa_hat"] for r in rows]
     assert not any(r["estimable"] for r in again)
+
+
+def test_a_corrected_erank_below_the_floor_is_not_given_as_a_value():
+    from causaldim.report.direct import flagged
+
+    est = sigma_estimate("logits", 223.0, 90.0, [400.0, 460.0], converged=False)
+    est["n_independent"] = 0.2 * D  # 0.2 independent equivalents per dimension
+    shown = flagged(est)
+    assert shown.startswith("n/a (not converged: 0.2 independent equivalents per dimension")
+    assert "245" not in shown and "[440, 506]" not in shown  # no corrected value, no interval
+    results = make_results()
+    results["sigma"]["logits"] = est
+    (row,) = [r for r in sigma_table(results).splitlines() if r.startswith("logits ")]
+    assert row.split()[1:3] == ["n/a", "n/a"]
+
+
+def test_an_interval_that_misses_its_point_is_said_to_be_biased():
+    from causaldim.report.fmt import ci_of
+
+    assert ci_of(250, [232.0, 247.0]) == "[232, 247] (resampling bias: all below the point)"
+    assert ci_of(3.60, [3.70, 4.47], 2) == "[3.70, 4.47] (resampling bias: all above the point)"
+    assert ci_of(240, [232.0, 247.0]) == "[232, 247]" and ci_of(5, None) == "[n/a]"
+    results = make_results()
+    results["sweep"]["topk"]["per_width"][0]["n_repr_95"] = [990.0, 1005.0]  # N_repr 1,010
+    md = text(sweeps, results=results, figures={})
+    assert "| 1,010 | [990, 1,005] (resampling bias: all below the point) |" in md

@@ -252,7 +252,7 @@ def correct(
         pr_reps = [unbiased_pr(gram, traces, counts, w) for w in leave_out]
         if all(math.isfinite(v) for v in pr_reps) and math.isfinite(pr):
             half = float(student_t.ppf(0.975, groups - 1)) * _jackknife_se(pr_reps)
-            pr_95 = [pr - half, pr + half]
+            pr_95 = [max(1.0, pr - half), min(float(d), pr + half)]  # a PR lies in [1, d]
 
     half_estimate = None
     first = (torch.arange(blocks, device="cpu") < blocks // 2).double()
@@ -263,7 +263,10 @@ def correct(
     if se_jk is not None:
         width = float(student_t.ppf(0.975, groups - 1)) * math.hypot(se_jk, se_sim)
         width += abs(point - half_estimate) if half_estimate is not None else 0.0
-        interval = [point - width, point + width]
+        # an erank lies in [1, d] whatever the sampling: an interval says no more
+        interval = [max(1.0, point - width), min(float(d), point + width)]
+        if pr_95 is not None:  # the PR is never above the erank
+            pr_95 = [min(pr_95[0], interval[1]), min(pr_95[1], interval[1])]
 
     converged = n_indep >= MIN_INDEPENDENT_PER_DIM * d
     needed = None

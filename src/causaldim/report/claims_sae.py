@@ -21,7 +21,7 @@ from .claims_controls import (
     task,
     thresholds,
 )
-from .fmt import ci, growth, num, pct
+from .fmt import ci, ci_of, growth, num, pct
 from .paper_figures import headline_sweep, reading
 from .sae_quantities import (
     calibrated,
@@ -65,7 +65,8 @@ def wedge_direction(results: dict) -> Decided:
     shown = (
         f"N_repr {growth(w['n_repr_growth'])} (log-log slope "
         f"{num(w.get('n_repr_loglog_slope'), 2)}), "
-        f"N_causal {growth(w['n_causal_growth'])} {ci(interval, 2)} over x{w['width_ratio']:g} "
+        f"N_causal {growth(w['n_causal_growth'])} {ci_of(w['n_causal_growth'], interval, 2)} "
+        f"over x{w['width_ratio']:g} "
         f"(AtP over {reading(a)}); N_repr counts features that fire at least once in the eval "
         "tokens (the width less the dead), so its near-linear growth is built in"
     )
@@ -103,10 +104,19 @@ def wedge_rate(results: dict) -> Decided:
     low, high = band(target)
     slopes = _slopes(w.get("n_causal_growth_95"), ratio)
     other_slopes = _slopes(other.get("n_causal_growth_95"), ratio)
+
+    def point(counted: dict) -> float | None:
+        g = counted.get("n_causal_growth")
+        return math.log(g) / math.log(ratio) if g and g > 0 and ratio > 1 else None
+
+    def slope_text(counted: dict, iv) -> str:
+        p = point(counted)
+        return f"{num(p, 2)} {ci_of(p, iv, 2)}" if iv else "n/a"
+
     shown = (
-        f"N_causal's log-log slope {ci(slopes, 2)} (AtP over {reading(a)}); over "
-        f"{reading(other)}: {ci(other_slopes, 2)}; the paper's {target:.2f} predicts "
-        f"x{ratio**target:.2f} over x{ratio:g}"
+        f"N_causal's log-log slope {slope_text(w, slopes)} (AtP over {reading(a)}); over "
+        f"{reading(other)}: {slope_text(other, other_slopes)}; the paper's {target:.2f} "
+        f"predicts x{ratio**target:.2f} over x{ratio:g}"
     )
     if slopes is None:
         return shown, UNTESTABLE, "no positive bootstrap interval on N_causal's growth"

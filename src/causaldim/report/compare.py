@@ -18,7 +18,7 @@ from .cautions import lines as caution_lines
 from .compare_figures import figure_plan
 from .direct import flagged
 from .doc import Doc
-from .fmt import ci, growth, num
+from .fmt import ci, ci_of, growth, num
 from .results import SCHEMA, load_results
 
 COMPARE_SCHEMA = "causaldim.compare/1"
@@ -370,7 +370,8 @@ def build_doc(data: dict, figures: dict[str, Path]) -> Doc:
         w = run["wedge"]
         row += [
             _kappa_hat(run["kappa_hat"]),
-            f"{growth(w['n_causal_growth'])} {ci(w.get('n_causal_growth_95'), 2)} over "
+            f"{growth(w['n_causal_growth'])} "
+            f"{ci_of(w['n_causal_growth'], w.get('n_causal_growth_95'), 2)} over "
             f"x{w['width_ratio']:g}",
             growth(w["n_repr_growth"]),
             f"{run['epsilon']:.3g}",

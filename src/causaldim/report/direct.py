@@ -16,8 +16,29 @@ PULL_BACK = (
 )
 
 
+REPORT_FLOOR = 1.0  # independent equivalents per dimension below which no value is given
+
+
+def below_floor(est: dict) -> bool:
+    """Too few independent equivalents per dimension for the corrected erank to be given
+    as a value: the correction then moves it by half or more (0.2 per dimension turned a
+    plug-in 223 into 463 [416, 509])."""
+    n, per_dim = est.get("n_independent"), est.get("samples_per_dim")
+    if n is None or not per_dim or not est.get("n_samples"):
+        return False
+    d = est["n_samples"] / per_dim
+    return n < REPORT_FLOOR * d
+
+
 def _with_interval(est: dict) -> str:
     value = est.get("erank_corrected")
+    if value is not None and below_floor(est):
+        d = est["n_samples"] / est["samples_per_dim"]
+        return (
+            f"n/a (not converged: {est['n_independent'] / d:.1f} independent equivalents per "
+            f"dimension, below {REPORT_FLOOR:g}; the plug-in {num(est.get('erank'))} is biased "
+            "low)"
+        )
     digits = 0 if value is None or abs(value) >= 100 else 1  # as num() writes the value
     return f"{num(value)} {ci(est.get('erank_corrected_95'), digits)}".strip()
 
@@ -97,6 +118,8 @@ def sigma_table(results: dict) -> str:
     for reading, est in results["sigma"].items():
         corrected = est.get("erank_corrected")
         iv = est.get("erank_corrected_95")
+        if below_floor(est):  # no value: see below_floor
+            corrected, iv = None, None
         interval = f"[{iv[0]:7.1f}, {iv[1]:7.1f}]" if iv else f"{'n/a':>17}"
         independent = est.get("n_independent")
         converged = {True: "yes", False: "NO", None: "n/a"}[est.get("converged")]

@@ -41,3 +41,14 @@ def sci(iv) -> str:
 
 def growth(x) -> str:
     return "n/a" if x is None else f"x{x:.2f}"
+
+
+def ci_of(point, iv, digits: int = 0) -> str:
+    """A resampled 95% interval beside its point: said to be biased where it misses the
+    point (a percentile bootstrap of a count that resampling lowers, such as the features
+    that fire at least once, lies below it), never passed off as holding it."""
+    text = ci(iv, digits)
+    if text == "[n/a]" or point is None or iv[0] <= point <= iv[1]:
+        return text
+    side = "below" if iv[1] < point else "above"
+    return f"{text} (resampling bias: all {side} the point)"

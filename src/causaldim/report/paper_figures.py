@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 from ..measures.sigma import HEADLINE
 from .direct import flagged
-from .fmt import ci, features, growth, num, pct
+from .fmt import ci, ci_of, features, growth, num, pct
 from .sae_quantities import (
     calibrated,
     calibration_count,
@@ -29,7 +29,8 @@ class Figure(NamedTuple):
 def growth_ci(counted: dict) -> str:
     """N_causal's growth, with its bootstrap interval where there is one."""
     interval = counted.get("n_causal_growth_95")
-    return growth(counted["n_causal_growth"]) + (f" {ci(interval, 2)}" if interval else "")
+    point = counted["n_causal_growth"]
+    return growth(point) + (f" {ci_of(point, interval, 2)}" if interval else "")
 
 
 def figures(results: dict) -> dict[str, Figure]:

@@ -14,7 +14,7 @@ from .claims_doc import claims_section
 from .conditions import conditions_lines
 from .direct import direct_kappa, direct_sigma, profile_section
 from .doc import Doc
-from .fmt import ci, features, growth, num, pct, sci
+from .fmt import ci, ci_of, features, growth, num, pct, sci
 from .paper_figures import figures as paper_figures
 from .paper_figures import growth_ci, reading
 
@@ -160,7 +160,8 @@ def headline(doc: Doc, results: dict) -> None:
     items.append(
         f"The wedge over x{w['width_ratio']:g} in width: N_repr grows "
         f"{growth(w['n_repr_growth'])} ({slope(w, 'n_repr')}), N_causal "
-        f"{growth(w['n_causal_growth'])} {ci(w.get('n_causal_growth_95'), 2)} "
+        f"{growth(w['n_causal_growth'])} "
+        f"{ci_of(w['n_causal_growth'], w.get('n_causal_growth_95'), 2)} "
         f"({slope(w, 'n_causal')}); at the widest SAE "
         f"{pct(a['per_width'][-1]['inert_fraction'])} of firing features fall below epsilon. "
         f"With AtP averaged over the {reading(other)} instead of the "
@@ -244,10 +245,10 @@ def sweeps(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
                 [
                     f"{r['width']:,}",
                     f"{r['n_repr']:,}",
-                    ci(r.get("n_repr_95")),
+                    ci_of(r["n_repr"], r.get("n_repr_95")),
                     f"{r['n_causal']:,}"
                     + (" (calibration)" if r["width"] == arch_results["reference_width"] else ""),
-                    ci(r.get("n_causal_95")),
+                    ci_of(r["n_causal"], r.get("n_causal_95")),
                     *(
                         [f"{r.get('n_too_rare', 0):,}"]
                         if arch_results["normalisation"] == "firing"
