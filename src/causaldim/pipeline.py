@@ -22,6 +22,7 @@ from .config import AnalysisConfig, HarvestConfig, SweepConfig
 from .executors import Executor, executor_for
 from .fileio import atomic_write_json, write_sealed_json
 from .harvest import HarvestResult, Plan, Store, harvest, plan
+from .lock import held
 from .measures import profile
 from .measures.layer import Measurement, measure_layer
 from .measures.score import require_gradients
@@ -106,7 +107,7 @@ def harvest_only(
     of it: the plan, the output folder and the disk."""
     the_plan = plan(cfg)
     check_disk(the_plan, None)
-    with limited_threads(threads):
+    with held(cfg.out), limited_threads(threads):
         return harvest_stage(the_plan, progress, {}).result
 
 
@@ -150,7 +151,7 @@ def run(
     faults.reset()
     # Under Ray, 'auto' is resolved by each worker (the GPU it is given, if any).
     executor = executor_for(plans.sweep.executor, plans.sweep.ray_address, cfg.device)
-    with limited_threads(threads) as used:
+    with held(cfg.out), limited_threads(threads) as used:
         return _run(plans, analysis_cfg, executor, progress, preset, used)
 
 
@@ -248,7 +249,7 @@ def train(
         print(f"note: {note}", file=sys.stderr)
     faults.reset()
     executor = executor_for(plans.sweep.executor, plans.sweep.ray_address, cfg.device)
-    with limited_threads(threads):
+    with held(cfg.out), limited_threads(threads):
         return _train(plans, executor, progress)
 
 

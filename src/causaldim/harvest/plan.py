@@ -181,7 +181,7 @@ RUN_ENTRIES = {
     *("results.json", "stores", "saes", "scores", "subspace", "figures"),
     *("report.md", "report.html", "tables"),
 }
-CONTROL_ENTRIES = {"depth", "scale", "controls"}
+CONTROL_ENTRIES = {"depth", "scale", "controls", "architectures"}
 
 
 def check_out_folder(out: Path, identity: dict) -> None:
