@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -94,3 +95,19 @@ def test_split_is_disjoint_deterministic_and_sized(n_seq, tokens, frac, seed):
 def test_split_needs_two_sequences():
     with pytest.raises(UsageError, match="at least 2 are needed"):
         split(torch.zeros(1, 8, dtype=torch.long), 100, 0.5, 0)
+
+
+def test_a_corpus_that_is_not_text_is_refused(tmp_path):
+    import sys
+
+    binary = tmp_path / "python.bin"
+    binary.write_bytes(Path(sys.executable).resolve().read_bytes()[:300_000])  # an ELF
+    with pytest.raises(UsageError, match="is not text: .*undecodable bytes or control"):
+        load_corpus(str(binary))
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    (folder / "a.txt").write_text("Plain prose, with a few accents: café, naïve.\n" * 50)
+    (folder / "b.txt").write_bytes(bytes(range(256)) * 40)
+    with pytest.raises(UsageError, match="b.txt is not text"):
+        load_corpus(str(folder))
+    assert load_corpus(str(folder / "a.txt")).texts  # accented UTF-8 text passes

@@ -156,15 +156,31 @@ def load_corpus(spec: str, text_field: str = "text") -> Corpus:
                 raise UsageError(
                     f"corpus folder {path} holds no .txt files and is not a saved HF dataset"
                 )
-            texts = [p.read_text(encoding="utf-8", errors="replace") for p in files]
+            texts = [_text_file(p) for p in files]
     elif path.suffix == ".jsonl":
         texts = _jsonl(path, text_field)
     else:
-        texts = [path.read_text(encoding="utf-8", errors="replace")]
+        texts = [_text_file(path)]
     texts = [t for t in texts if t.strip()]
     if not texts:
         raise UsageError(f"corpus {spec!r} is empty; give it some text")
     return Corpus(f"path:{path.resolve()}", texts, digest(texts))
+
+
+NOT_TEXT = 0.01  # a file with more undecodable or control characters than this is not text
+
+
+def _text_file(path: Path) -> str:
+    """A text file's contents as UTF-8, refused where it is not text (an executable, an
+    archive): undecodable bytes and control characters other than white space."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    bad = sum(1 for ch in text if ch == "\ufffd" or (ch < " " and ch not in "\t\n\r\f\v"))
+    if text and bad > NOT_TEXT * len(text):
+        raise UsageError(
+            f"corpus file {path} is not text: {100 * bad / len(text):.0f}% of its characters "
+            "are undecodable bytes or control characters; pass UTF-8 text"
+        )
+    return text
 
 
 def _jsonl(path: Path, field: str) -> list[str]:
