@@ -927,7 +927,7 @@ def test_render_writes_the_reports_and_figures_from_results_json(tmp_path):
     assert "<title>causaldim: smollm2-135m</title>" in page
     assert page.count("data:image/png;base64,") == 3
     assert "(kappa &lt;= d)" in page and "(kappa <= d)" not in page
-    assert "<td>1,010</td>" in page
+    assert "<td class='n'>1,010</td>" in page
 
     # Text alone re-renders from the figures on disk; figures alone leave the text be.
     (folder / "report.md").unlink()
@@ -1061,3 +1061,18 @@ def test_an_interval_that_misses_its_point_is_said_to_be_biased():
     results["sweep"]["topk"]["per_width"][0]["n_repr_95"] = [990.0, 1005.0]  # N_repr 1,010
     md = text(sweeps, results=results, figures={})
     assert "| 1,010 | [990, 1,005] (resampling bias: all below the point) |" in md
+
+
+def test_the_html_report_holds_no_literal_markdown():
+    results = make_results()
+    page = build_report(results, {}).html("causaldim")
+    assert "<strong>" in page and "<code>" in page
+    assert "**" not in page and "`" not in page
+    assert "<td class='n'>" in page  # figures set right, prose left
+
+
+def test_a_bar_inside_a_table_cell_does_not_end_it():
+    doc = Doc()
+    doc.table(["claim", "verdict"], [["kappa <= min(d, |V|)", "holds"]])
+    (row,) = [r for r in doc.markdown(Path("/")).splitlines() if r.startswith("| kappa")]
+    assert row == "| kappa <= min(d, \\|V\\|) | holds |"

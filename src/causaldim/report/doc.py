@@ -5,7 +5,28 @@ from __future__ import annotations
 
 import base64
 import html
+import re
+from functools import lru_cache
 from pathlib import Path
+
+# a cell of figures (counts, ratios, intervals, growth factors), set right; prose left
+NUMERIC = re.compile(r"(?:[-+x]?[\d.,]+%?|n/a|\[[^\]]*\]|[\s*/()<>=-])+")
+
+
+@lru_cache(maxsize=1)
+def _renderer():
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark", {"html": False})
+
+
+def inline(text: str) -> str:
+    """A block's text, its Markdown (bold, code, links) rendered, anything else escaped."""
+    return _renderer().renderInline(text)
+
+
+def _cell_md(cell: str) -> str:
+    return cell.replace("|", "\\|")  # a bar inside a cell would end it
 
 
 class Doc:
@@ -42,7 +63,8 @@ class Doc:
             elif b[0] == "table":
                 out.append(
                     "\n".join(
-                        "| " + " | ".join(r) + " |" for r in [b[1], ["---"] * len(b[1]), *b[2]]
+                        "| " + " | ".join(map(_cell_md, r)) + " |"
+                        for r in [b[1], ["---"] * len(b[1]), *b[2]]
                     )
                 )
             elif b[0] == "img":
@@ -57,7 +79,8 @@ class Doc:
                 f"<title>{html.escape(title)}</title><style>body{{font-family:sans-serif;"
                 "max-width:980px;margin:2em auto;line-height:1.45}table{border-collapse:"
                 "collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:"
-                "right}th{background:#f3f3f3}td:first-child{text-align:left}img{max-width:100%}"
+                "left;vertical-align:top}td.n{text-align:right;white-space:nowrap}th{background:"
+                "#f3f3f3}img{max-width:100%}code{background:#f3f3f3;padding:0 2px}"
                 "</style></head><body>",
                 self.html_body(),
                 "</body></html>\n",
@@ -70,15 +93,23 @@ class Doc:
         out = []
         for b in self.blocks:
             if b[0] == "h":
-                out.append(f"<h{b[1]}>{e(b[2])}</h{b[1]}>")
+                out.append(f"<h{b[1]}>{inline(b[2])}</h{b[1]}>")
             elif b[0] == "p":
-                out.append(f"<p>{e(b[1])}</p>")
+                out.append(f"<p>{inline(b[1])}</p>")
             elif b[0] == "ul":
-                out.append("<ul>" + "".join(f"<li>{e(x)}</li>" for x in b[1]) + "</ul>")
+                out.append("<ul>" + "".join(f"<li>{inline(x)}</li>" for x in b[1]) + "</ul>")
             elif b[0] == "table":
-                head = "".join(f"<th>{e(c)}</th>" for c in b[1])
+                head = "".join(f"<th>{inline(c)}</th>" for c in b[1])
                 body = "".join(
-                    "<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in b[2]
+                    "<tr>"
+                    + "".join(
+                        f"<td class='n'>{inline(c)}</td>"
+                        if NUMERIC.fullmatch(c)
+                        else f"<td>{inline(c)}</td>"
+                        for c in r
+                    )
+                    + "</tr>"
+                    for r in b[2]
                 )
                 out.append(f"<table><tr>{head}</tr>{body}</table>")
             elif b[0] == "img":
