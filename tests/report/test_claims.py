@@ -444,3 +444,17 @@ def test_docs_claims_md_is_what_causaldim_claims_writes_from_docs_replicate(monk
     root = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(root)
     assert write_claims([Path("docs/replicate")], None) == (root / "docs/claims.md").read_text()
+
+
+def test_claims_of_several_runs_open_with_one_table_a_column_per_run(tmp_path):
+    from causaldim.fileio import write_sealed_json
+    from causaldim.report.render import write_claims
+
+    for name, build in (("a", level_holds), ("b", level_fails)):
+        (tmp_path / name).mkdir()
+        write_sealed_json(tmp_path / name / "results.json", build())
+    md = write_claims([tmp_path / "a", tmp_path / "b"], None)
+    assert "## Every run at a glance" in md
+    assert f"| claim | {tmp_path / 'a'} | {tmp_path / 'b'} |" in md
+    assert "| A: kappa is most of d | holds | does not hold |" in md
+    assert "## Across the runs: the claims one run cannot test" in md

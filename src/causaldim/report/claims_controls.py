@@ -238,7 +238,9 @@ def synthetic(results: dict, c: dict) -> Decided:
 @needs("task", "--controls task")
 def task(results: dict, c: dict) -> Decided:
     n, iv = c["n_ground_truth"], c["recovered_95"]
-    shown = f"{pct(c['recovered_fraction'])} {ci(iv, 2)} of {n} ground-truth features"
+    shown = (
+        f"{pct(c['recovered_fraction'])} [{pct(iv[0])}, {pct(iv[1])}] of {n} ground-truth features"
+    )
     if n < MIN_TRUTH:
         evaluated = c.get("n_evaluated")
         of = "" if evaluated is None else f" of the {evaluated} features ablated"

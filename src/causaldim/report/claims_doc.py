@@ -104,3 +104,17 @@ def across_section(doc: Doc, runs: list[tuple[str, dict]], level: int = 2) -> No
         "Each run's conditions are stated in its own section."
     )
     claims_tables(doc, None, across_runs(runs), level + 1)
+
+
+def overview(doc: Doc, runs: list[tuple[str, dict]], level: int = 2) -> None:
+    """Every claim's verdict on every run, one column per run (the gauge-invariant reading
+    for claims about kappa); each run's section below gives the figures and reasons."""
+    found = [claims(results) for _, results in runs]
+    doc.h(level, "Every run at a glance")
+    doc.table(
+        ["claim", *(name for name, _ in runs)],
+        [
+            [f"{'A' if row.table == KAPPA else 'B'}: {row.claim}", *(f[i].verdict for f in found)]
+            for i, row in enumerate(found[0])
+        ],
+    )

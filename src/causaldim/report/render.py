@@ -70,7 +70,7 @@ def write_claims(runs: list[Path], out: Path | None) -> str:
     (nothing else is overwritten)."""
     from ..errors import UsageError
     from ..presets import command_for
-    from .claims_doc import across_section, claims_section
+    from .claims_doc import across_section, claims_section, overview
     from .doc import Doc
 
     if out is not None and out.exists() and not out.read_text().startswith(CLAIMS_MARK):
@@ -80,6 +80,8 @@ def write_claims(runs: list[Path], out: Path | None) -> str:
     loaded = [(p, load_results(p / "results.json" if p.is_dir() else p)) for p in runs]
     doc = Doc()
     doc.h(1, "The paper's claims, tested")
+    if len(loaded) > 1:
+        overview(doc, [(str(p), r) for p, r in loaded])
     for path, results in loaded:
         s, model = results["store"], results["inputs"]["model"]["name"]
         doc.h(2, f"{model} layer {s['layer']}, preset {results['preset']}: {path}")
