@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 from ..measures.sigma import HEADLINE
-from .figures import pyplot, save
+from .figures import legend_below, pyplot, save
 from .fmt import growth
 
 
@@ -148,7 +148,7 @@ def plot_atp_overlaid(data: dict, path: Path) -> Path:
         ax.set_yscale("log")
         ax.set_xlabel("log10(AtP / epsilon)")
         ax.set_title(f"at each run's {which} width")
-        ax.legend(fontsize=7)
+        legend_below(ax)
     axes[0].set_ylabel("fraction of features (log)")
     fig.suptitle("AtP distributions, each normalised by its run's epsilon (right: causal)")
     fig.tight_layout()
@@ -199,7 +199,7 @@ def plot_profiles(data: dict, path: Path) -> Path:
         ax.set_xlabel("layer" if key == "layer" else "relative depth, layer / (n_layers - 1)")
         ax.set_ylabel("erank (corrected)")
         ax.set_title(f"{reading}: kappa against depth")
-        ax.legend(fontsize=7)
+        legend_below(ax)
     fig.suptitle("Profiles over depth (circled: each run's own layer)")
     fig.tight_layout()
     return save(fig, path)

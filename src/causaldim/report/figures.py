@@ -31,11 +31,27 @@ def pyplot():
 
 def save(fig, path: Path) -> Path:
     """The figure as a PNG, written atomically like every other artifact."""
+    for ax in fig.axes:  # a long title wrapped, never cut at the canvas's edge
+        if len(ax.get_title()) > 60 and "\n" not in ax.get_title():
+            ax.set_title(title_of(ax.get_title()))
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=130)
+    # "tight" keeps every title, label and outside legend inside the canvas
+    fig.savefig(buffer, format="png", dpi=130, bbox_inches="tight")
     pyplot().close(fig)
     atomic_write_bytes(path, buffer.getvalue())
     return path
+
+
+def title_of(text: str, width: int = 60) -> str:
+    """A title wrapped so that it never runs past its axes."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width))
+
+
+def legend_below(ax, ncol: int = 2) -> None:
+    """The legend under the axes, off the data."""
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol)
 
 
 def finish(fig, ax, path: Path, xlabel, ylabel, title, log_x: bool, log_y: bool) -> Path:
@@ -45,8 +61,8 @@ def finish(fig, ax, path: Path, xlabel, ylabel, title, log_x: bool, log_y: bool)
         ax.set_yscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend(fontsize=7)
+    ax.set_title(title_of(title))
+    legend_below(ax)
     fig.tight_layout()
     return save(fig, path)
 
@@ -56,7 +72,7 @@ def plot_sigma(results: dict, path: Path) -> Path:
     plt = pyplot()
     sigma = results["sigma"]
     d = results["store"]["model"]["d_model"]
-    fig, (ax_spec, ax_conv) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax_spec, ax_conv) = plt.subplots(1, 2, figsize=(11, 5.2))
     for reading, est in sigma.items():
         lam = [max(x, 0.0) for x in est["eigenvalues"]]
         total = sum(lam) or 1.0
@@ -112,15 +128,15 @@ def plot_sigma(results: dict, path: Path) -> Path:
     ax_spec.set_xlabel("eigenvalue index")
     ax_spec.set_ylabel("eigenvalue / trace")
     ax_spec.set_title(f"Sigma spectra, layer {results['store']['layer']} (d = {d})")
-    ax_spec.legend(fontsize=7)
-    ax_conv.axhline(d, color="grey", lw=0.8, ls=":")
+    legend_below(ax_spec, ncol=1)
+    ax_conv.axhline(d, color="grey", lw=0.8, ls=":", label=f"d = {d}, the largest erank")
     from matplotlib.ticker import NullFormatter
 
     ax_conv.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide on a log axis
     ax_conv.set_xlabel("rank-1 samples")
     ax_conv.set_ylabel("erank")
-    ax_conv.set_title("erank by sample count: plug-in (dots), corrected (squares)")
-    ax_conv.legend(fontsize=7)
+    ax_conv.set_title(title_of("erank by sample count: plug-in (dots), corrected (squares)"))
+    legend_below(ax_conv)
     fig.tight_layout()
     return save(fig, path)
 
@@ -143,7 +159,9 @@ def plot_wedge(results: dict, arch: str, path: Path) -> Path:
                 [max(r[f"{key}_95"][1] - v, 0) for v, r in zip(y, rows, strict=True)],
             ]
         ax.errorbar(widths, y, yerr=err, fmt="o", color=color, capsize=3, label=label)
-    grid = [widths[0] * (widths[-1] * 8 / widths[0]) ** (i / 200) for i in range(201)]
+    # an estimable fit is drawn past the widest SAE (x8, its extrapolation); a level is not
+    reach = widths[-1] * (8 if a["estimable"] else 1)
+    grid = [widths[0] * (reach / widths[0]) ** (i / 200) for i in range(201)]
     for name, style in (("free", "-"), ("at_most_d", "--")):
         k = a["kappa"][name]
         fit = k["fits"][k["form"]]
@@ -173,7 +191,13 @@ def plot_wedge(results: dict, arch: str, path: Path) -> Path:
             ls="-.",
             label=f"direct erank (corrected), {reading}: {value:.0f}",
         )
-    ax.axvline(widths[-1], color="grey", lw=0.6)
+    ax.axvline(
+        widths[-1],
+        color="grey",
+        lw=0.6,
+        label=f"widest SAE ({widths[-1]:,})"
+        + (": the fit beyond it extrapolates" if a["estimable"] else ""),
+    )
     ax.set_xscale("log")
     ax.set_yscale("symlog", linthresh=1)  # logarithmic above 1, and zero counts still show
     top = max([r["n_repr"] for r in rows] + [d])
@@ -209,7 +233,7 @@ def plot_atp(results: dict, arch: str, path: Path) -> Path:
     ax.set_xlabel("log10(AtP / epsilon)")
     ax.set_ylabel("fraction of features (log)")
     ax.set_title(f"AtP score distributions, {arch} SAEs (right of the line: causal)")
-    ax.legend(fontsize=7)
+    legend_below(ax)
     fig.tight_layout()
     return save(fig, path)
 
@@ -244,7 +268,7 @@ def plot_subspace(results: dict, path: Path) -> Path:
     ax.set_title(
         f"Do high-AtP features lie in the causal subspace? ({arch}, Sigma_{sub['reading']})"
     )
-    ax.legend(fontsize=7, markerscale=4)
+    ax.legend(fontsize=7, markerscale=4, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
     fig.tight_layout()
     return save(fig, path)
 
@@ -302,9 +326,9 @@ def plot_profile(results: dict, path: Path) -> Path:
     ax_erank.axhline(d, color="black", lw=0.8, ls=":", label=f"d = {d}")
     ax_erank.set_ylabel("erank")
     ax_erank.set_title("kappa against depth: corrected erank of Sigma")
-    ax_erank.legend(fontsize=7)
+    legend_below(ax_erank)
     ax_pr.set_ylabel("participation ratio")
     ax_pr.set_title("unbiased participation ratio")
-    ax_pr.legend(fontsize=7)
+    legend_below(ax_pr)
     fig.tight_layout()
     return save(fig, path)
