@@ -4,7 +4,9 @@ rule, so logs and CI stay clean)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import sys
+from collections.abc import Iterable, Iterator
 
 from tqdm.auto import tqdm
 
@@ -13,3 +15,22 @@ def bar(iterable: Iterable | None = None, *, desc: str, enabled: bool = True, **
     """tqdm over iterable (or a manual bar of `total`), shown only where enabled and
     stderr is a terminal."""
     return tqdm(iterable, desc=desc, disable=None if enabled else True, **kw)
+
+
+@contextlib.contextmanager
+def third_party_bars(enabled: bool = True) -> Iterator[None]:
+    """transformers' and huggingface_hub's own bars (loading weights, downloads) under
+    the same rule as ours: off with --quiet and where stderr is not a terminal."""
+    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    show = enabled and sys.stderr.isatty()
+    if not show:
+        hf_logging.disable_progress_bar()
+        disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not show:
+            hf_logging.enable_progress_bar()
+            enable_progress_bars()

@@ -97,3 +97,24 @@ def test_a_damaged_conversion_is_removed_and_made_again(tmp_path, capsys):
     (folder / "model.safetensors").write_bytes(data[:5] + bytes([data[5] ^ 1]) + data[6:])
     assert not _conversion_intact(folder, 2)
     assert not folder.exists() and "converting it again" in capsys.readouterr().err
+
+
+def test_no_third_party_bar_when_bars_are_off(monkeypatch):
+    """transformers' and huggingface_hub's bars (the "Loading weights" bar) follow --quiet
+    and the terminal as ours do, and are put back afterwards."""
+    import sys
+
+    from huggingface_hub.utils import are_progress_bars_disabled
+    from transformers.utils import logging as hf_logging
+
+    from causaldim.progress import third_party_bars
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    with third_party_bars(enabled=False):
+        assert not hf_logging.is_progress_bar_enabled() and are_progress_bars_disabled()
+    assert hf_logging.is_progress_bar_enabled() and not are_progress_bars_disabled()
+    with third_party_bars(enabled=True):
+        assert hf_logging.is_progress_bar_enabled()
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    with third_party_bars(enabled=True):  # not a terminal: no bar either
+        assert not hf_logging.is_progress_bar_enabled()

@@ -123,7 +123,7 @@ def harvest(
 
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
-    lm = load_model(p.source, cfg.dtype, p.layers_path, cfg.device)
+    lm = load_model(p.source, cfg.dtype, p.layers_path, cfg.device, progress)
     seconds = {"load_model": time.perf_counter() - t0}
 
     # Each layer's outlier threshold comes from the median norm of a fixed calibration batch.

@@ -375,17 +375,22 @@ def load_model(
     dtype: str = "float32",
     layers_path: str | None = None,
     device: str | torch.device = "cpu",
+    progress: bool = True,
 ):
     """Load weights and tokenizer onto device; weights frozen, eval mode. A GGUF file is
-    converted once (float32, cached) so that later loads are fast."""
+    converted once (float32, cached) so that later loads are fast. transformers' own
+    loading bar follows `progress` and whether stderr is a terminal, as ours do."""
     from transformers import AutoModelForCausalLM
 
+    from ..progress import third_party_bars
+
     convert = source.gguf_file is not None and source.gguf_origin is not None
-    model = AutoModelForCausalLM.from_pretrained(
-        source.path,
-        dtype=torch.float32 if convert else getattr(torch, dtype),
-        **source._load_kwargs(),
-    )
+    with third_party_bars(progress):
+        model = AutoModelForCausalLM.from_pretrained(
+            source.path,
+            dtype=torch.float32 if convert else getattr(torch, dtype),
+            **source._load_kwargs(),
+        )
     tokenizer = load_tokenizer(source)
     if convert:
         _convert(source, model, tokenizer)
