@@ -219,3 +219,14 @@ def test_an_estimable_kappa_hat_is_shown_with_its_interval(runs, tmp_path):
     assert f"| {with_interval(free['kappa'], free['interval_95'])} |" in row
     assert data["runs"][0]["kappa_hat"]["kappa"] is None and "L1: kappa_hat not" in md
     assert (out / "figures" / "compare_kappa.png").stat().st_size > 10_000
+
+
+def test_a_json_that_is_not_a_run_is_named_as_such(tmp_path, capsys):
+    other = tmp_path / "other.json"
+    other.write_text("{}")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text("{}")
+    assert cli.main(["compare", str(run), str(other), "--out", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err
+    assert "is not a causaldim results file" in err and "has no results.json" not in err

@@ -65,7 +65,9 @@ def results_paths(runs: list[Path | str]) -> list[Path]:
     paths = []
     for run in map(Path, runs):
         path = run / "results.json" if run.is_dir() else run
-        if not path.is_file() or path.name != "results.json":
+        if path.is_file() and path.name != "results.json":
+            load_results(path)  # says what the file is: not a results file, or damaged
+        if not path.is_file():
             raise UsageError(
                 f"{run} has no results.json; pass a finished run's folder (its --out) or its "
                 "results.json"
