@@ -77,10 +77,11 @@ class Doc:
             [
                 "<!doctype html><html><head><meta charset='utf-8'>",
                 f"<title>{html.escape(title)}</title><style>body{{font-family:sans-serif;"
-                "max-width:980px;margin:2em auto;line-height:1.45}table{border-collapse:"
+                "max-width:1180px;margin:2em auto;line-height:1.45}table{border-collapse:"
                 "collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:"
                 "left;vertical-align:top}td.n{text-align:right;white-space:nowrap}th{background:"
                 "#f3f3f3}img{max-width:100%}code{background:#f3f3f3;padding:0 2px}"
+                ".wide{max-width:100%;overflow-x:auto}"
                 "</style></head><body>",
                 self.html_body(),
                 "</body></html>\n",
@@ -111,7 +112,8 @@ class Doc:
                     + "</tr>"
                     for r in b[2]
                 )
-                out.append(f"<table><tr>{head}</tr>{body}</table>")
+                # a wide table scrolls inside the page instead of running off its edge
+                out.append(f"<div class='wide'><table><tr>{head}</tr>{body}</table></div>")
             elif b[0] == "img":
                 data = base64.b64encode(b[1].read_bytes()).decode()
                 out.append(f"<img alt='{e(b[2])}' src='data:image/png;base64,{data}'>")
