@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -72,6 +72,9 @@ class Context:
     plan: Plan
     side_plans: dict[str, Plan | None]
     progress: bool = False  # bars for the control's own long loops
+    # what measure_other measured, by (store, folder): the architectures and four-cell
+    # controls share OUT/architectures, measured (Sigma, scores, analysis) once
+    measured: dict = field(default_factory=dict, repr=False)
 
     @property
     def saes(self):
@@ -119,7 +122,11 @@ class Context:
         sweep = self.control_sweep
         if architectures is not None:
             sweep = replace(sweep, architectures=architectures)
-        return measure_layer(
+        key = (store.root, folder)
+        done = self.measured.get(key)
+        if done is not None and set(sweep.architectures) <= set(done.saes):
+            return done
+        self.measured[key] = measure_layer(
             store,
             folder,
             sweep,
@@ -129,6 +136,7 @@ class Context:
             seconds={},
             executor=self.executor,
         )
+        return self.measured[key]
 
 
 def run_controls(

@@ -8,8 +8,6 @@ import math
 from collections.abc import Callable
 from typing import NamedTuple
 
-from .fmt import ci, num
-
 HOLDS, FAILS, UNTESTABLE = "holds", "does not hold", "not testable here"
 VERDICTS = (HOLDS, FAILS, UNTESTABLE)
 
@@ -108,7 +106,3 @@ def band(target: float, factor: float = LEVEL, cap: float | None = None) -> tupl
     """[target / factor, target x factor], the upper end capped where given."""
     high = target * factor
     return target / factor, high if cap is None else min(cap, high)
-
-
-def with_interval(value, interval, digits: int = 0) -> str:
-    return f"{num(value, max(digits, 1) if digits else 1)} {ci(interval, digits)}"
