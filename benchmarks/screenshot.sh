@@ -16,7 +16,7 @@ import re, sys
 text = open(sys.argv[1], encoding="utf-8").read()
 rows = text.count("<tr>") + text.count("<p>") + text.count("<li>")
 images = len(re.findall(r"<img ", text))
-print(max(1200, 40 * rows + 700 * images))
+print(max(2000, 60 * rows + 1000 * images))
 PY
 )
 chromium --headless --no-sandbox --disable-gpu --hide-scrollbars \

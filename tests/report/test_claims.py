@@ -458,3 +458,12 @@ def test_claims_of_several_runs_open_with_one_table_a_column_per_run(tmp_path):
     assert f"| claim | {tmp_path / 'a'} | {tmp_path / 'b'} |" in md
     assert "| A: kappa is most of d | holds | does not hold |" in md
     assert "## Across the runs: the claims one run cannot test" in md
+
+
+def test_an_unconverged_direct_kappa_decides_no_estimator_claim():
+    results = set_kappa(make_results(), converged=False)
+    found, why = verdict(results, "coverage")
+    assert found == UNTESTABLE and why == "the direct kappa is n/a (not converged)"
+    assert "This layer's direct kappa: n/a (not converged)." in text(
+        claims_section, results=results
+    )

@@ -1044,6 +1044,7 @@ def test_a_corrected_erank_below_the_floor_is_not_given_as_a_value():
     est["n_independent"] = 0.2 * D  # 0.2 independent equivalents per dimension
     shown = flagged(est)
     assert shown.startswith("n/a (not converged: 0.2 independent equivalents per dimension")
+    assert shown.count("not converged") == 1 and shown.endswith("eval tokens would do)")
     assert "245" not in shown and "[440, 506]" not in shown  # no corrected value, no interval
     results = make_results()
     results["sigma"]["logits"] = est

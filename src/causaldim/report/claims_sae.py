@@ -201,19 +201,24 @@ def coverage(results: dict) -> Decided:
         else ""
     )
     if est is None:
-        return f"N_causal {num(n)} at the widest SAE{own}", UNTESTABLE, "no direct kappa"
+        return (
+            f"N_causal {num(n)} at the widest SAE{own}",
+            UNTESTABLE,
+            f"the direct kappa is {direct_text(results)}",
+        )
     k, k_95 = est["erank_corrected"], est["erank_corrected_95"]
     share = [n_95[0] / k_95[1], n_95[1] / k_95[0]]
+    share_text = f"[{pct(share[0])}, {pct(share[1])}]"
     shown = (
         f"N_causal {num(n)} {ci(n_95)} at the widest SAE ({last['width']:,}) / the direct "
-        f"kappa {direct_text(results)} = {pct(n / k)} {ci([100 * v for v in share], 1)}%{own}"
+        f"kappa {direct_text(results)} = {pct(n / k)} {share_text}{own}"
     )
     low, high = band(results["paper"]["coverage"], cap=0.95)
     inside = meets(share, low, high)
     return decided(
         shown,
         inside,
-        f"the share's interval {ci([100 * v for v in share], 1)}% "
+        f"the share's interval {share_text} "
         + ("meets" if inside else "misses")
         + f" [{100 * low:.0f}%, {100 * high:.0f}%) (part, not all, of kappa)",
     )

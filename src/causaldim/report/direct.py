@@ -52,6 +52,9 @@ def starred(est: dict) -> str:
 def flagged(est: dict) -> str:
     """A corrected erank with its interval, marked where it has not converged."""
     text = _with_interval(est)
+    if below_floor(est):  # the n/a already says it has not converged
+        need = est.get("eval_tokens_needed")
+        return text if not need else f"{text[:-1]}; about {need:,} eval tokens would do)"
     if est.get("converged") is False:
         text += (
             f" (not converged; about {est['eval_tokens_needed']:,} eval tokens would do)"

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..fileio import atomic_write_bytes
 from ..measures.fit import curve
 from ..measures.sigma import DIRECT
+from .direct import below_floor
 
 READING_LABELS = {
     "loss": "loss (E[g g^T])",
@@ -84,7 +85,8 @@ def plot_sigma(results: dict, path: Path) -> Path:
             lw=0.8,
             label=f"{READING_LABELS.get(reading, reading)}: plug-in erank {est['erank']:.0f}",
         )
-        corrected = est.get("erank_corrected")
+        # no corrected value where too few samples back it (report/direct.below_floor)
+        corrected = None if below_floor(est) else est.get("erank_corrected")
         if corrected is not None:  # the deconvolved spectrum, bold, in the same colour
             lam_c = est["eigenvalues_corrected"]
             ax_spec.loglog(
@@ -105,7 +107,8 @@ def plot_sigma(results: dict, path: Path) -> Path:
             label=f"{reading}, plug-in",
         )
         half = est.get("erank_corrected_half")
-        if half is not None and len(conv) > 1:  # the corrected erank's own convergence
+        # the corrected erank's own convergence
+        if half is not None and corrected is not None and len(conv) > 1:
             ax_conv.semilogx(
                 [conv[-2]["n_samples"], conv[-1]["n_samples"]],
                 [half, corrected],
@@ -183,13 +186,17 @@ def plot_wedge(results: dict, arch: str, path: Path) -> Path:
             ax.axhspan(lo, hi, color="C3", alpha=0.08)
     ax.axhline(d, color="black", lw=0.8, ls=":", label=f"d = {d}")
     for i, reading in enumerate(r for r in DIRECT if r in results.get("sigma", {})):
-        value = results["sigma"][reading]["erank_corrected"]
+        est = results["sigma"][reading]
+        value = est["erank_corrected"]
+        if value is None or below_floor(est):  # no value to draw (report/direct.below_floor)
+            continue
+        unconverged = " (not converged)" if est.get("converged") is False else ""
         ax.axhline(
             value,
             color=f"C{4 + i}",
             lw=1,
             ls="-.",
-            label=f"direct erank (corrected), {reading}: {value:.0f}",
+            label=f"direct erank (corrected), {reading}: {value:.0f}{unconverged}",
         )
     ax.axvline(
         widths[-1],

@@ -53,15 +53,19 @@ def set_by_calibration(kappa: float, a: dict) -> bool:
 
 
 def direct(results: dict) -> dict | None:
+    """The direct kappa's estimate where it can be set against the SAE route: measured
+    and converged (an unconverged value decides nothing, as in table A)."""
     est = (results.get("sigma") or {}).get(HEADLINE)
-    return est if est and finite(est.get("erank_corrected")) else None
+    usable = est and finite(est.get("erank_corrected")) and est.get("converged") is not False
+    return est if usable else None
 
 
 def direct_text(results: dict) -> str:
     est = direct(results)
-    return (
-        "n/a" if est is None else f"{num(est['erank_corrected'])} {ci(est['erank_corrected_95'])}"
-    )
+    if est is not None:
+        return f"{num(est['erank_corrected'])} {ci(est['erank_corrected_95'])}"
+    lead = (results.get("sigma") or {}).get(HEADLINE)
+    return "n/a (not converged)" if lead else "n/a (no logit probes)"
 
 
 def kappa_hat_spread(results: dict) -> dict | None:
