@@ -1050,6 +1050,8 @@ def test_a_corrected_erank_below_the_floor_is_not_given_as_a_value():
     results["sigma"]["logits"] = est
     (row,) = [r for r in sigma_table(results).splitlines() if r.startswith("logits ")]
     assert row.split()[1:3] == ["n/a", "n/a"]
+    (line,) = lines_with(text(direct_sigma, results=results, figures={}), "| logits |")
+    assert line.count("n/a") >= 2 and f"{1.1 * 223.0 / D:.3f}" not in line  # no /d either
 
 
 def test_an_interval_that_misses_its_point_is_said_to_be_biased():

@@ -168,7 +168,7 @@ def direct_sigma(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
                 reading,
                 DEFINITIONS.get(reading, ""),
                 flagged(est) if corrected is not None else "n/a",
-                "n/a" if corrected is None else f"{corrected / d:.3f}",
+                "n/a" if corrected is None or below_floor(est) else f"{corrected / d:.3f}",
                 num(est.get("participation_ratio_unbiased")),
                 ci(est.get("participation_ratio_unbiased_95")),
                 f"{est['erank']:.1f}",
