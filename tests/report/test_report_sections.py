@@ -1052,6 +1052,7 @@ def test_a_corrected_erank_below_the_floor_is_not_given_as_a_value():
     assert row.split()[1:3] == ["n/a", "n/a"]
     (line,) = lines_with(text(direct_sigma, results=results, figures={}), "| logits |")
     assert line.count("n/a") >= 2 and f"{1.1 * 223.0 / D:.3f}" not in line  # no /d either
+    assert f"{1.1 * 223.0 / D:.2f} d" not in text(headline, results=results)
 
 
 def test_an_interval_that_misses_its_point_is_said_to_be_biased():

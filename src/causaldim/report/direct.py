@@ -82,7 +82,9 @@ def direct_kappa(sigma: dict, d: int) -> list[str]:
         lines.append(
             f"Direct kappa = {DEFINITIONS[HEADLINE]} (the logits reading, each probe centred "
             f"over the vocabulary; J pulled back through every later position, as AtP's "
-            f"gradient is): {flagged(est)}, {est['erank_corrected'] / d:.2f} d, corrected "
+            f"gradient is): {flagged(est)}"
+            + ("" if below_floor(est) else f", {est['erank_corrected'] / d:.2f} d")
+            + ", corrected "
             f"for finite samples (95%: sequences, simulation and remaining drift); {state}, "
             f"{_independent(est, d)}; participation ratio "
             f"{num(est['participation_ratio_unbiased'])} "
