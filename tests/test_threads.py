@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -70,7 +71,7 @@ def _numbers(node, path=""):
 
 @pytest.mark.skipif(threads.usable_cores() < 2, reason="needs two usable cores")
 def test_the_numbers_do_not_depend_on_the_thread_count(tmp_path, tiny_model, text_corpus):
-    found = {}
+    found, report = {}, {}
     for n in (1, 2):
         out = tmp_path / f"t{n}"
         args = [*run_args(tiny_model("llama"), text_corpus, out), "--threads", str(n)]
@@ -78,14 +79,24 @@ def test_the_numbers_do_not_depend_on_the_thread_count(tmp_path, tiny_model, tex
         results = json.loads((out / "results.json").read_text())
         assert results["threads"]["threads"] == n
         found[n] = dict(_numbers(results))
+        # every printed digit, the run's folder, timings, threads and digests of bytes aside
+        run_own = r"seconds: [^\n]*|\d+ thread\(s\)|sha256 [0-9a-f]{64}|[\d.]+ s \([\d.]+ min\)"
+        text = (out / "report.md").read_text().replace(str(out), "OUT")
+        report[n] = re.sub(run_own, "", text).splitlines()
     assert found[1].keys() == found[2].keys()
     differ = [
         (p, a, found[2][p])
         for p, a in found[1].items()
-        if not math.isclose(a, found[2][p], rel_tol=1e-3, abs_tol=1e-6)
+        if not math.isclose(a, found[2][p], rel_tol=1e-7, abs_tol=1e-9)
         and not (math.isnan(a) and math.isnan(found[2][p]))
     ]
     assert not differ, differ[:10]
+    printed = [
+        [(x, y) for x, y in zip(a.split(), b.split(), strict=False) if x != y]
+        for a, b in zip(report[1], report[2], strict=True)
+        if a != b
+    ]
+    assert not printed, printed[:5]
 
 
 def test_a_thread_count_below_one_is_refused_before_any_work(tmp_path, capsys):
