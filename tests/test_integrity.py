@@ -66,6 +66,9 @@ def test_damage_is_named_and_repaired(
         assert err.count("\n") == 0 and path.name in err and "--repair" in err
         assert (out / "results.json").read_bytes() == before  # nothing rewritten
         assert cli.main([*args, "--repair"]) == 0
+        if kind == "store shard":  # the note says why the store is harvested again
+            note = capsys.readouterr().err
+            assert "is damaged (" in note and path.name in note and "unfinished" not in note
     assert numbers(json.loads((out / "results.json").read_text())) == numbers(finished[1])
 
 

@@ -69,21 +69,22 @@ class _OutlierStats:
         return spread("outlier") / total if total > 0 else 0.0
 
 
-def _existing(root: Path, key: dict, repair: bool) -> Store | None:
-    """The finished store of this key under root, or None (absent, unfinished, another
-    key, or damaged with repair). A damaged store is named, never silently reused."""
+def _existing(root: Path, key: dict, repair: bool) -> tuple[Store | None, str]:
+    """The finished store of this key under root, or None and why (absent, unfinished,
+    another key, or damaged with repair). A damaged store is named, never silently reused."""
     try:
         store = Store(root)
         if store.manifest.get("key") != key:
-            return None
+            return None, "written for another request"
         store.verify()
     except UnfinishedStore:
-        return None
-    except IntegrityError:
+        return None, "unfinished (no manifest)"
+    except IntegrityError as e:
         if repair:
-            return None
+            detail = str(e).split(": ", 1)[-1].split("; rerun")[0]  # what is damaged
+            return None, f"damaged ({detail}) and --repair was given"
         raise
-    return store
+    return store, ""
 
 
 class _LayerOutput:
@@ -107,14 +108,15 @@ def harvest(
     runs, for the observer."""
     p = the_plan or plan(cfg)
     cfg = p.config  # device, dtype and batch size resolved
-    stores = {i: _existing(p.store_dirs[i], p.keys[i], cfg.repair) for i in p.store_dirs}
+    found = {i: _existing(p.store_dirs[i], p.keys[i], cfg.repair) for i in p.store_dirs}
+    stores = {i: store for i, (store, _) in found.items()}
     missing = [i for i, s in stores.items() if s is None]
     if not missing and observer is None:
         return HarvestResult(stores[p.layer], reused=True, stores=stores)
     for i in missing:
-        if p.store_dirs[i].exists():  # an unfinished store of this same request: redo it
+        if p.store_dirs[i].exists():  # unfinished or damaged under --repair: redo it
             print(
-                f"causaldim: note: store {p.store_dirs[i].name} is unfinished (no manifest); "
+                f"causaldim: note: store {p.store_dirs[i].name} is {found[i][1]}; "
                 "harvesting it again",
                 file=sys.stderr,
             )
