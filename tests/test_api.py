@@ -10,6 +10,7 @@ import pytest
 
 import causaldim
 from causaldim.errors import UsageError
+from causaldim.fileio import write_sealed_json
 
 TINY = dict(
     tokens=4096,
@@ -49,6 +50,22 @@ def test_measure_returns_the_runs_numbers(measured):
         assert res.kappa_hat is None and res.not_estimable == a["not_estimable"]
     assert "kappa_hat" in res.headline and "Direct kappa" in res.headline
     assert "layer 1" in repr(res)
+
+
+def test_below_the_floor_kappa_has_no_value_as_the_report_prints_none(measured, tmp_path):
+    """At 0.2 independent equivalents per dimension the report prints n/a: the API gives
+    no value either, only the plug-in (which reads low) and the tokens that would do."""
+    res, _ = measured
+    data = json.loads(json.dumps(res.data))
+    logits = data["sigma"]["logits"]
+    d = logits["n_samples"] / logits["samples_per_dim"]
+    logits.update(n_independent=0.2 * d, converged=False, eval_tokens_needed=12345)
+    write_sealed_json(tmp_path / "results.json", data)
+    k = causaldim.load(tmp_path).kappa
+    assert k.value is None and k.low is None and k.plug_in == logits["erank"]
+    assert k.converged is False and k.eval_tokens_needed == 12345
+    assert "n/a" in repr(k) and "12,345" in repr(k)
+    assert "kappa n/a (not converged" in repr(causaldim.load(tmp_path))
 
 
 def test_load_reads_a_folder_or_its_results_json_alike(measured):

@@ -10,21 +10,29 @@ from typing import NamedTuple
 
 from .errors import UsageError
 from .measures.sigma import HEADLINE
+from .report.direct import below_floor
 from .report.results import load_results
 from .report.tables import TABLES, Row, write_csvs
 
 
 class Estimate(NamedTuple):
-    value: float
+    value: float | None  # None below the report's floor (see plug_in)
     low: float | None  # the 95% interval
     high: float | None
     reading: str | None = None  # a direct estimate's reading (loss, logits, ...)
     converged: bool | None = None  # a direct estimate's: enough independent samples
     eval_tokens_needed: int | None = None  # about, where it has not converged
+    # Below REPORT_FLOOR independent equivalents per dimension no corrected value is given
+    # (the correction moves it by half or more); the plug-in erank, which reads low, is.
+    plug_in: float | None = None
 
     def __repr__(self) -> str:
-        interval = "" if self.low is None else f" [{self.low:.1f}, {self.high:.1f}]"
-        text = f"{self.value:.1f}{interval}"
+        if self.value is None:
+            text = f"n/a (plug-in {self.plug_in:.1f}, which reads low"
+            text += ", too few independent samples per dimension to correct it)"
+        else:
+            interval = "" if self.low is None else f" [{self.low:.1f}, {self.high:.1f}]"
+            text = f"{self.value:.1f}{interval}"
         if self.reading:
             text = f"{self.reading}: {text}"
         if self.converged is False:
@@ -54,7 +62,8 @@ class Results:
     def kappa(self) -> Estimate | None:
         """The direct kappa: erank(E[J^T (I - 11^T/V) J]), the gauge-invariant logits
         reading, corrected for finite samples, with its 95% interval and whether it
-        converged; None where the run had no logit probes."""
+        converged (value None below the report's floor of independent samples per
+        dimension, as the report prints n/a); None where the run had no logit probes."""
         return self.direct(HEADLINE) if HEADLINE in self.data["sigma"] else None
 
     def direct(self, reading: str) -> Estimate:
@@ -65,10 +74,11 @@ class Results:
         e = self.data["sigma"][reading]
         if e.get("erank_corrected") is None:  # activations: a plug-in, no interval
             return Estimate(e["erank"], None, None, reading)
+        needed = e.get("eval_tokens_needed")
+        if below_floor(e):  # as the report: no value, the plug-in and the tokens that would do
+            return Estimate(None, None, None, reading, False, needed, e["erank"])
         lo, hi = e.get("erank_corrected_95") or (None, None)
-        return Estimate(
-            e["erank_corrected"], lo, hi, reading, e.get("converged"), e.get("eval_tokens_needed")
-        )
+        return Estimate(e["erank_corrected"], lo, hi, reading, e.get("converged"), needed)
 
     @property
     def kappa_hat(self) -> Estimate | None:
@@ -148,7 +158,10 @@ class Results:
         if k is not None and k.converged is False:
             more = k.eval_tokens_needed
             flag = " (not converged" + (f"; about {more:,} eval tokens would do)" if more else ")")
-        shown = "n/a" if k is None else f"{k.value:.0f} [{k.low:.0f}, {k.high:.0f}]{flag}"
+        if k is None or k.value is None:
+            shown = "n/a" + flag
+        else:
+            shown = f"{k.value:.0f} [{k.low:.0f}, {k.high:.0f}]{flag}"
         warned = len(self.warnings)
         return (
             f"Results({self.model}, layer {self.layer}: kappa {shown}, kappa_hat {said}; "
