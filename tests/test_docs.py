@@ -4,6 +4,7 @@ help quotes, and its Python and command-line examples name things that exist."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
 from pathlib import Path
 
@@ -41,3 +42,14 @@ def test_the_readme_names_what_exists():
     )
     for verb in re.findall(r"^causaldim (\w+)", code, re.M):
         assert verb in commands, verb
+
+
+def test_the_readme_memory_guide_is_what_the_memory_model_computes():
+    """Generated, not typed: benchmarks/readme_memory.py rewrites the block; a change to
+    causaldim.memory or the paper preset that leaves the README behind fails here."""
+    spec = importlib.util.spec_from_file_location(
+        "readme_memory", Path(__file__).parents[1] / "benchmarks" / "readme_memory.py"
+    )
+    guide = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(guide)
+    assert guide.in_readme(README) == guide.table(), "run python benchmarks/readme_memory.py"
