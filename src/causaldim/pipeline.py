@@ -19,6 +19,7 @@ from typing import NamedTuple
 from . import controls, faults
 from .checks import Plans, check, check_disk, plan_line
 from .config import AnalysisConfig, HarvestConfig, SweepConfig
+from .devices import resolve_device
 from .executors import Executor, executor_for
 from .fileio import atomic_write_json, write_sealed_json
 from .harvest import HarvestResult, Plan, Store, harvest, plan
@@ -32,6 +33,7 @@ from .model.load import LoadedModel, load_model
 from .progress import bar as progress_bar
 from .report.render import render
 from .report.results import build_results
+from .rounds import until_converged
 from .threads import Threads
 from .threads import limited as limited_threads
 
@@ -171,6 +173,14 @@ def _run(
     acc = _profile_accumulator(plans.main, analysis_cfg) if analysis_cfg.profile else None
     harvested = harvest_stage(plans.main, progress, seconds, acc)
     store = harvested.result.store
+    rounds = None
+    if cfg.until_converged:
+        t = time.perf_counter()
+        device = resolve_device(executor.device)
+        rounds = until_converged(
+            plans.main, store, analysis_cfg, cfg.seed, device, harvested.load_lm, progress
+        )
+        seconds["until_converged"] = time.perf_counter() - t
     here = measure_layer(
         store,
         out,
@@ -183,6 +193,8 @@ def _run(
         cfg.repair,
         executor,
         imports=plans.imports,
+        eval_stores=rounds.stores if rounds else None,
+        both_ways=True,
     )
     headline = here.entries[0].architecture if sweep_cfg.sae_paths else sweep_cfg.architectures[0]
     subspace = causal_subspace(
@@ -215,6 +227,7 @@ def _run(
         seconds=seconds,
         threads=used,
         notes=plans.notes,
+        rounds=rounds,
     )
     path = out / "results.json"
     # Figures first; then results.json with the final timings, which the text report shows.

@@ -14,7 +14,7 @@ from causaldim.harvest.model_pass import grads_at, residuals_at
 from causaldim.harvest.store import Store, StoreError
 from causaldim.model.load import load_model, resolve_model
 
-FAMILIES = ["llama", "gemma2", "gpt2", "gpt_neox", "qwen2"]
+FAMILIES = ["llama", "gemma2", "gemma3", "gpt2", "gpt_neox", "qwen2"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)

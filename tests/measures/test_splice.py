@@ -33,7 +33,7 @@ def test_identity_splice_is_the_clean_model_and_mean_is_the_floor(tiny_model):
     assert out["mean_ablated_loss"] != out["clean_loss"]  # the ablation did replace h
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2", "gpt_neox", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gemma3", "gpt2", "gpt_neox", "qwen2"])
 def test_starting_above_block_l_gives_the_full_forward_losses(tiny_model, family):
     """The ablation control runs only the blocks above L from L's cached clean output: its
     losses, clean and edited, are those of the whole forward, and the blocks are put back."""

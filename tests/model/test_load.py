@@ -18,10 +18,10 @@ from causaldim.model.load import (
 )
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2", "gpt_neox", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gemma3", "gpt2", "gpt_neox", "qwen2"])
 def test_known_families_load_from_a_local_folder(tiny_model, family):
     source = resolve_model(tiny_model(family))
-    assert source.kind == "folder" and source.family == family
+    assert source.kind == "folder" and source.family == {"gemma3": "gemma3_text"}.get(family, family)
     assert source.n_layers == 4 and source.d_model == 32
     lm = load_model(source)
     assert len(lm.layers) == 4

@@ -101,11 +101,16 @@ def harvest(
     progress: bool = True,
     the_plan: Plan | None = None,
     observer: EvalObserver | None = None,
+    eval_round: int | None = None,
+    lm: LoadedModel | None = None,
 ):
     """Run the model pass for cfg (or reuse finished, matching stores): one pass writes
     the store of every planned layer that has none yet, and hands the observer (if any)
     the eval split's rows at its layers; with every store finished, only the eval split
-    runs, for the observer."""
+    runs, for the observer. With eval_round (the index of the round's first sequence in
+    the pooled eval sequences; --until-converged), only the eval split is harvested, its
+    probes drawn as they would be at that index of one long eval split; lm: the model,
+    already loaded."""
     p = the_plan or plan(cfg)
     cfg = p.config  # device, dtype and batch size resolved
     found = {i: _existing(p.store_dirs[i], p.keys[i], cfg.repair) for i in p.store_dirs}
@@ -125,7 +130,7 @@ def harvest(
 
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
-    lm = load_model(p.source, cfg.dtype, p.layers_path, cfg.device, progress)
+    lm = lm or load_model(p.source, cfg.dtype, p.layers_path, cfg.device, progress)
     seconds = {"load_model": time.perf_counter() - t0}
 
     # Each layer's outlier threshold comes from the median norm of a fixed calibration batch.
@@ -139,11 +144,12 @@ def harvest(
     }
 
     for name, seqs in (("eval", p.splits.eval), ("train", p.splits.train)):
-        if not missing and name == "train":
+        if name == "train" and (not missing or eval_round is not None):
             continue
         t = time.perf_counter()
         watcher = observer if name == "eval" else None
-        _harvest_split(lm, p, name, seqs, outputs, thresholds, watcher, progress)
+        offset = eval_round or 0
+        _harvest_split(lm, p, name, seqs, outputs, thresholds, watcher, progress, offset)
         seconds[name] = time.perf_counter() - t
         for out in outputs.values():
             out.splits[name]["tokens_per_second"] = out.splits[name]["n_tokens"] / seconds[name]
@@ -210,6 +216,7 @@ def _harvest_split(
     thresholds: dict[int, float],
     observer: EvalObserver | None,
     progress,
+    offset: int = 0,
 ) -> None:
     cfg = p.config
     writers = {
@@ -225,7 +232,7 @@ def _harvest_split(
         per_layer: dict[int, tuple[torch.Tensor, dict]] = {}
         if name == "eval":
             # One generator per batch, so that probes do not depend on batching history.
-            gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + start)
+            gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + offset + start)
             grads = grads_at(lm, tapped, ids, cfg.logit_probes, cfg.fisher_probes, gen)
             for i, out in grads.items():
                 cols = {

@@ -19,7 +19,7 @@ from ..sae import SAE
 from .analysis import analyze
 from .diagnose import imported_l0_spread
 from .score import ScoreJob, Scores, load_scores, score_job
-from .sigma import measure
+from .sigma import measure, other_outlier_choice
 from .sweep import SweepEntry, load_entries, splice_evaluation, sweep_saes
 
 
@@ -34,6 +34,8 @@ class Measurement(NamedTuple):
     analysis: dict[str, dict]
     ce: dict | None
     replicates: list[SweepEntry] = []  # the same widths trained again (--sae-seeds)
+    # each direct reading with the other choice of outliers (sigma.other_outlier_choice)
+    other_outliers: dict | None = None
 
     def sigma_dicts(self) -> dict:
         """The Sigma estimates as results.json holds them."""
@@ -52,13 +54,17 @@ def measure_layer(
     repair: bool = False,
     executor: Executor | None = None,
     imports: list[dict] | None = None,
+    eval_stores: list[Store] | None = None,
+    both_ways: bool = False,
 ) -> Measurement:
     """Direct Sigma, the SAE sweep (SAEs under out/saes, trained or imported), AtP scores
     and the analysis of one store, the training and scoring jobs on executor (default: in
     this process, on the CPU); with load_lm, each SAE is also spliced into the model (CE
     recovered). Each stage's seconds go into `seconds`. `imports`: the sources of the
     imported SAEs, as the pipeline's check described them; where their eval L0s differ by
-    more than 10%, each sweep's `l0_spread` and warnings say so."""
+    more than 10%, each sweep's `l0_spread` and warnings say so. `eval_stores`: what the
+    direct Sigma reads (the store and its --until-converged rounds; default the store);
+    both_ways: also each direct reading with the other choice of outliers."""
 
     def timed(name: str, work):
         fault_point(f"stage.{name}")
@@ -69,7 +75,14 @@ def measure_layer(
 
     executor = executor or LocalExecutor()
     device = resolve_device(executor.device)  # under Ray, the driver's
-    sigma = timed("sigma", lambda: measure(store, analysis_cfg, seed, device, progress))
+    read = eval_stores or store
+
+    def direct():  # with the run's choice of outliers, and (the headline layer) the other
+        found = measure(read, analysis_cfg, seed, device, progress)
+        both = other_outlier_choice(read, analysis_cfg, seed, device) if both_ways else None
+        return found, both
+
+    sigma, other = timed("sigma", direct)
     trained = timed(
         "sweep",
         lambda: sweep_saes(store, out, sweep_cfg, seed, progress, repair, executor, imports),
@@ -131,4 +144,4 @@ def measure_layer(
             if spread["flagged"]:
                 a["warnings"].append(spread["warning"])
                 a["cautions"].append(["imported_l0_spread", spread["warning"]])
-    return Measurement(sigma, entries, saes, scores, evals, analysis, ce, replicates)
+    return Measurement(sigma, entries, saes, scores, evals, analysis, ce, replicates, other)

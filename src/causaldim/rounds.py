@@ -1,0 +1,134 @@
+"""`--until-converged`: further eval sequences in rounds until the headline direct kappa
+converges (and, with --target-width, its interval is that narrow), or a cap is reached.
+
+Each round harvests the next sequences of the corpus beyond --tokens (in the split's
+seeded order) into a store of its own, eval split only, its probes drawn as they would be
+at that place of one long eval split; the direct Sigma then reads the run's eval split and
+every round as one. A round already harvested (same key) is reused, so an interrupted run
+resumes where it stopped. Only the direct Sigma reads the rounds: the SAE sweep, AtP and
+CE loss recovered keep the run's own eval split.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import NamedTuple
+
+from .config import AnalysisConfig
+from .harvest import Plan, Store, harvest
+from .harvest.store import key_digest
+from .measures.sigma import HEADLINE, SigmaEstimate, measure
+from .model.corpus import Splits
+
+MARGIN = 1.15  # a round asks this much over the tokens the last estimate said would do
+CALIBRATION = 16  # train sequences the outlier threshold is calibrated on, as the run's
+
+
+class Round(NamedTuple):
+    eval_tokens: int  # all rounds so far, the run's eval split included
+    independent_per_dim: float
+    kappa: float | None
+    interval: list[float] | None
+    converged: bool
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return self._asdict()
+
+
+class Rounds(NamedTuple):
+    stores: list[Store]  # the run's store, then each round's
+    rounds: list[Round]
+    stopped: str  # why: "converged", "target width", "cap", "corpus exhausted"
+
+    def to_dict(self) -> dict:
+        return {"rounds": [r.to_dict() for r in self.rounds], "stopped": self.stopped}
+
+
+def _done(est: SigmaEstimate, target: float | None) -> bool:
+    if not est.converged:
+        return False
+    if target is None:
+        return True
+    lo, hi = est.erank_corrected_95 or (0.0, math.inf)
+    return (hi - lo) / 2 <= target * est.erank_corrected
+
+
+def _wanted(est: SigmaEstimate, tokens: int, target: float | None) -> int:
+    """Eval tokens, all rounds together, that the estimate says would do."""
+    want = est.eval_tokens_needed or tokens
+    if est.converged and target is not None and est.erank_corrected_95:
+        lo, hi = est.erank_corrected_95
+        # the interval narrows as one over the square root of the tokens
+        want = tokens * ((hi - lo) / 2 / (target * est.erank_corrected)) ** 2
+    return math.ceil(MARGIN * want)
+
+
+def round_plan(the_plan: Plan, start: int, stop: int) -> Plan:
+    """The plan of the round of pooled eval sequences [start, stop) beyond the run's."""
+    rest = the_plan.splits.rest
+    layer = the_plan.layer
+    splits = Splits(the_plan.splits.train[:CALIBRATION], rest[start:stop], 0, None)
+    key = {**the_plan.key, "eval_round": [start, stop]}
+    folder = the_plan.store_dir.parent / f"L{layer}-{key_digest(key)[:12]}"
+    return the_plan._replace(
+        splits=splits, key=key, store_dir=folder, keys={layer: key}, store_dirs={layer: folder}
+    )
+
+
+def until_converged(
+    the_plan: Plan,
+    store: Store,
+    cfg: AnalysisConfig,
+    seed: int,
+    device,
+    load_lm,
+    progress: bool,
+) -> Rounds:
+    """Rounds until the headline converges, the cap, or the corpus's end."""
+    hcfg = the_plan.config
+    seq_len = hcfg.seq_len
+    n_run = len(the_plan.splits.eval)
+    pool = 0 if the_plan.splits.rest is None else len(the_plan.splits.rest)
+    cap = max(n_run, min(hcfg.max_eval_tokens // seq_len, n_run + pool))
+    stores, rounds, done = [store], [], 0  # done: pooled sequences harvested in rounds
+    batch = hcfg.batch_size or 1
+    while True:
+        t = time.perf_counter()
+        est = measure(stores, cfg, seed, device, readings=(HEADLINE,))[HEADLINE]
+        tokens = (n_run + done) * seq_len
+        rounds.append(
+            Round(
+                tokens,
+                (est.n_independent or 0.0) / store.d_model,
+                est.erank_corrected,
+                est.erank_corrected_95,
+                bool(est.converged),
+                time.perf_counter() - t,
+            )
+        )
+        if _done(est, hcfg.target_width):
+            stopped = "converged" if hcfg.target_width is None else "target width"
+            break
+        if n_run + done >= cap:
+            stopped = "cap" if cap < n_run + pool else "corpus exhausted"
+            break
+        wanted = -(-_wanted(est, tokens, hcfg.target_width) // seq_len)  # sequences, in all
+        more = max(batch, wanted - n_run - done)
+        more = min(more, cap - n_run - done)
+        if progress:
+            print(
+                f"until converged: {HEADLINE} at {rounds[-1].independent_per_dim:.1f} "
+                f"independent equivalents per dimension from {tokens:,} eval tokens; "
+                f"harvesting {more * seq_len:,} more (cap {cap * seq_len:,})",
+                file=sys.stderr,
+            )
+        plan_k = round_plan(the_plan, done, done + more)
+        reused = (plan_k.store_dir / "manifest.json").is_file()  # an interrupted run's
+        lm = None if reused else load_lm()
+        result = harvest(hcfg, progress, plan_k, eval_round=n_run + done, lm=lm)
+        stores.append(result.store)
+        done += more
+    return Rounds(stores, rounds, stopped)
