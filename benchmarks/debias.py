@@ -49,7 +49,6 @@ NORM_SIGMA = 1.0  # of log a^2: n_eff / n = exp(-NORM_SIGMA^2)
 RANK = 8  # of each token's covariance in the low-rank cells
 TOP, TOP_SHARE = 8, 0.09  # norm-coupled: the top directions, the share of tokens carrying them
 KINDS = ("elliptical", "low-rank", "norm-coupled")
-DEFAULT_KINDS = ("elliptical", "low-rank")
 
 
 def power_law(d: int, alpha: float) -> torch.Tensor:
@@ -184,7 +183,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--d", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--alpha", type=float, nargs="+", default=[0.8, 1.5])
-    parser.add_argument("--kinds", nargs="+", default=list(DEFAULT_KINDS), choices=KINDS)
+    parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
     parser.add_argument("--rho", type=float, nargs="+", default=[0.0, 0.5, 0.9])
     parser.add_argument("--ratios", type=float, nargs="+", default=[2, 4, 8, 16, 30])
     parser.add_argument("--trials", type=int, default=10)

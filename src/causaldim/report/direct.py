@@ -276,3 +276,51 @@ def profile_cautions(prof: dict, analysis: dict) -> list[str]:
                 f"layers {', '.join(moving)} (a bias signal; the intervals include it)"
             )
     return lines
+
+
+def outlier_choice(results: dict) -> str | None:
+    """The choice of outliers beside the headline, and what the other choice gives from
+    the same eval tokens (results.json's sigma_other_outliers)."""
+    other = (results.get("sigma_other_outliers") or {}).get(HEADLINE)
+    here = results.get("sigma", {}).get(HEADLINE)
+    if not other or not here or here.get("erank_corrected") is None:
+        return None
+    o = results["store"]["outliers"]
+    kept = other["outliers"] == "left out"  # the run kept them, the other choice did not
+    share = o["n_outliers"] / o["n_tokens"] if o["n_tokens"] else 0.0
+    choice = (
+        "kept in Sigma (--include-outliers)"
+        if kept
+        else f"left out of Sigma: position 0 and tokens above {o['factor']:g}x the median norm"
+    )
+    value, theirs = here["erank_corrected"], other["erank_corrected"]
+    if below_floor(here) or theirs is None:
+        moved = "n/a (too few independent samples to compare)"
+    else:
+        change = 100 * (theirs / value - 1)
+        moved = f"{theirs:,.0f} {ci(other['erank_corrected_95'])} ({change:+.1f}%)"
+    return (
+        f"Outliers {choice} ({pct(share)} of the tokens, {pct(o['variance_share'])} of "
+        f"the residual variance); with them {'left out' if kept else 'kept'}, the same tokens "
+        f"give a direct kappa of {moved}."
+    )
+
+
+def rounds_line(results: dict) -> str | None:
+    """--until-converged: the rounds and why they stopped."""
+    uc = results.get("until_converged")
+    if not uc:
+        return None
+    steps = ", ".join(
+        f"{r['eval_tokens']:,} ({r['independent_per_dim']:.1f}/d)" for r in uc["rounds"]
+    )
+    why = {
+        "converged": "the headline converged",
+        "target width": "the headline converged with its interval as narrow as asked",
+        "cap": "the cap of --max-eval-tokens was reached",
+        "corpus exhausted": "the corpus had no more sequences",
+    }[uc["stopped"]]
+    return (
+        f"Until converged: eval tokens (independent equivalents per dimension) by round: "
+        f"{steps}; stopped because {why}."
+    )

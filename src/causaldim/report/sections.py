@@ -12,7 +12,7 @@ from ..presets import command_for
 from .cautions import lines as caution_lines
 from .claims_doc import claims_section
 from .conditions import conditions_lines
-from .direct import direct_kappa, direct_sigma, profile_section
+from .direct import direct_kappa, direct_sigma, outlier_choice, profile_section, rounds_line
 from .doc import Doc
 from .fmt import ci, ci_of, features, growth, num, pct, sci
 from .paper_figures import figures as paper_figures
@@ -49,6 +49,7 @@ def summary(results: dict) -> str:
         f"{a['sensitivity']['normalisation']} tokens: "
         f"{growth(a['sensitivity']['n_causal_growth'])}); epsilon {a['epsilon']:.3g}",
         kappa_line(a),
+        *[x for x in (outlier_choice(results), rounds_line(results)) if x],
         *conditions_lines(results),
     ]
     warned = results.get("warnings") or []
@@ -138,7 +139,13 @@ def headline(doc: Doc, results: dict) -> None:
     doc.h(2, "Headline")
     d = results["store"]["model"]["d_model"]
     this, paper = conditions_lines(results)
-    items = [*direct_kappa(sigma, d), f"Measured under these conditions. {this} {paper}"]
+    choice = [x for x in (outlier_choice(results), rounds_line(results)) if x]
+    items = [
+        *direct_kappa(sigma, d)[:1],
+        *choice,
+        *direct_kappa(sigma, d)[1:],
+        f"Measured under these conditions. {this} {paper}",
+    ]
     if a["estimable"]:
         bounded = a["kappa"]["at_most_d"]
         items += [
