@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from causaldim.errors import UsageError
-from causaldim.model.corpus import builtin_corpus, load_corpus, split, tokenize
+from causaldim.model.corpus import Corpus, builtin_corpus, leading_bos, load_corpus, split, tokenize
 from causaldim.model.load import load_tokenizer, resolve_model
 
 
@@ -73,6 +73,29 @@ def test_tokenize_packs_documents_with_end_of_text(tiny_model, text_corpus):
     assert seqs.shape[1] == 64 and seqs.dtype == torch.int64
     assert seqs.flatten().tolist() == flat[: seqs.numel()]
     assert len(flat) - seqs.numel() < 64  # only the tail that fills no row is dropped
+
+
+def test_a_tokenizer_that_opens_texts_with_bos_gets_it_at_every_row():
+    """Gemma's tokenizer puts <bos> before every text and the model was trained with it at
+    position 0: each packed row opens with it, the documents filling the rest."""
+
+    class Opening:  # a tokenizer that adds BOS by default, as GemmaTokenizer does
+        bos_token_id, eos_token_id = 2, 1
+
+        def __call__(self, texts, add_special_tokens=True):
+            one = isinstance(texts, str)
+            rows = [[10 + len(w) for w in t.split()] for t in ([texts] if one else texts)]
+            rows = [[2, *r] if add_special_tokens else r for r in rows]
+            return {"input_ids": rows[0] if one else rows}
+
+    assert leading_bos(Opening()) == 2
+    corpus = Corpus("x", ["a bb ccc dddd", "eeeee ff g"], "sha")
+    rows = tokenize(corpus, Opening(), 4)
+    assert rows[:, 0].eq(2).all()
+    assert rows[:, 1:].flatten().tolist() == [11, 12, 13, 14, 1, 15, 12, 11, 1][:9]
+    closed = Opening()
+    closed.bos_token_id = None
+    assert leading_bos(closed) is None
 
 
 @settings(max_examples=40, deadline=None)

@@ -15,7 +15,7 @@ from ..config import HarvestConfig
 from ..devices import resolve_device, resolve_dtype
 from ..errors import UsageError
 from ..memory import ModelPassMemory, model_batch_size, model_pass_memory
-from ..model.corpus import Corpus, Splits, load_corpus, split
+from ..model.corpus import Corpus, Splits, leading_bos, load_corpus, split
 from ..model.hub_corpus import corpus_for, is_hub_name
 from ..model.load import (
     ModelSource,
@@ -78,6 +78,7 @@ def plan(
     identity = {"name": cfg.model, "family": source.family, **fingerprint(source)}
     out = Path(cfg.out)
     check_out_folder(out, identity)  # before a hub corpus streams
+    bos = None
     if source.kind == "known-shape":  # no tokenizer to be had: the sequences' count will do
         if is_hub_name(cfg.corpus):
             raise UsageError(
@@ -89,9 +90,11 @@ def plan(
     else:
         # A hub corpus is streamed only up to the tokens the run needs, counted by this
         # model's tokenizer; a local one is read whole.
+        tokenizer = load_tokenizer(source)
+        bos = leading_bos(tokenizer)
         corpus, sequences = corpus_for(
             cfg.corpus,
-            load_tokenizer(source),
+            tokenizer,
             cfg.seq_len,
             cfg.tokens,
             text_field=cfg.text_field,
@@ -118,6 +121,9 @@ def plan(
         # the probes' products as stored: centred and shift parts apart (since results/4)
         "logit_probe_parts": ["centred", "shift"],
         "fisher_probes": cfg.fisher_probes,
+        # each sequence opens with the tokenizer's BOS (Gemma's); absent where it has none,
+        # so the keys of such models' stores are as before
+        **({"bos_each_sequence": bos} if bos is not None else {}),
     }
     keys, dirs = {}, {}
     for i in sorted({layer, *extra_layers}):

@@ -245,22 +245,38 @@ def _hf_dataset(path: Path, field: str) -> list[str]:
     return [t for t in ds[field] if isinstance(t, str)]
 
 
+def leading_bos(tokenizer) -> int | None:
+    """The beginning-of-sequence token where the tokenizer puts one before every text
+    (Gemma's <bos>: the model was trained with it at position 0 and misbehaves without
+    it); None where it does not (SmolLM2, GPT-2)."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return None
+    ids = tokenizer("a")["input_ids"]
+    return bos if ids and ids[0] == bos else None
+
+
 def tokenize(corpus: Corpus, tokenizer, seq_len: int) -> torch.Tensor:
     """Pack documents, each followed by the end-of-text token, into rows of seq_len tokens
-    (the tail that does not fill a row is dropped)."""
+    (the tail that does not fill a row is dropped), each row opening with the
+    tokenizer's leading BOS where it has one."""
     eos = tokenizer.eos_token_id
     docs: list[list[int]] = []
     batch = 512
     for start in range(0, len(corpus.texts), batch):
         enc = tokenizer(corpus.texts[start : start + batch], add_special_tokens=False)
         docs.extend(row if eos is None else [*row, eos] for row in enc["input_ids"])
-    return pack(docs, seq_len)
+    return pack(docs, seq_len, leading_bos(tokenizer))
 
 
-def pack(docs: list[list[int]], seq_len: int) -> torch.Tensor:
+def pack(docs: list[list[int]], seq_len: int, bos: int | None = None) -> torch.Tensor:
     ids = [i for doc in docs for i in doc]
-    n = len(ids) // seq_len
-    return torch.tensor(ids[: n * seq_len], dtype=torch.int64).view(n, seq_len)
+    width = seq_len - (bos is not None)
+    n = len(ids) // width
+    rows = torch.tensor(ids[: n * width], dtype=torch.int64).view(n, width)
+    if bos is not None:
+        rows = torch.cat([torch.full((n, 1), bos, dtype=torch.int64), rows], dim=1)
+    return rows
 
 
 def split(sequences: torch.Tensor, n_tokens: int, eval_fraction: float, seed: int) -> Splits:

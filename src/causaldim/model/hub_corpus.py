@@ -18,7 +18,7 @@ import torch
 from .. import hub as hf
 from ..errors import IntegrityError, UsageError
 from ..fileio import cache_dir, read_sealed_json, write_sealed_json
-from .corpus import Corpus, budget_tokens, digest, load_corpus, pack, tokenize
+from .corpus import Corpus, budget_tokens, digest, leading_bos, load_corpus, pack, tokenize
 
 
 def corpus_for(
@@ -139,7 +139,7 @@ def hub_corpus(
     if cached is not None:
         texts, docs, reached = _take(cached["texts"], tokenizer, n_tokens)
         if reached or cached.get("complete"):
-            return _hub_result(cached["hub"], texts, docs, seq_len)
+            return _hub_result(cached["hub"], texts, docs, seq_len, leading_bos(tokenizer))
         if offline:
             raise UsageError(
                 f"the Hugging Face Hub cannot be reached, and the cached copy of {name} is "
@@ -179,11 +179,12 @@ def hub_corpus(
         )
     except OSError:
         pass  # a read-only cache only costs time
-    return _hub_result(hub, texts, docs, seq_len)
+    return _hub_result(hub, texts, docs, seq_len, leading_bos(tokenizer))
 
 
-def _hub_result(hub: dict, texts: list[str], docs: list[list[int]], seq_len: int):
-    return Corpus(f"hub:{hub['name']}", texts, digest(texts), dict(hub)), pack(docs, seq_len)
+def _hub_result(hub: dict, texts: list[str], docs: list[list[int]], seq_len: int, bos):
+    corpus = Corpus(f"hub:{hub['name']}", texts, digest(texts), dict(hub))
+    return corpus, pack(docs, seq_len, bos)
 
 
 def _take(texts: Iterable[str], tokenizer, n_tokens: int):
