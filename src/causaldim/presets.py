@@ -39,9 +39,11 @@ PRESETS: dict[str, dict] = {
     # width 7.1 d (the paper's 16,384 / 2,304), a sweep of x8, the whole built-in corpus
     # (450k tokens) and k = 64, so that the median feature of the widest SAE fires about
     # 1,000+ times in training (tokens x epochs) and 20+ times in eval (--min-firings: at
-    # 7.5% eval the widest SAE's median feature fired 18 times, below that floor).
+    # 7.5% eval the widest SAE's median feature fired 18 times, below that floor), in
+    # the paper's sequences of 512 tokens.
     "replicate": {
         "tokens": 450_560,
+        "seq_len": 512,
         "eval_fraction": 0.1,
         "widths": [4096, 8192, 16384, 32768],
         "k": 64,
