@@ -5,6 +5,7 @@ rule, so logs and CI stay clean)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from collections.abc import Iterable, Iterator
 
@@ -25,12 +26,18 @@ def third_party_bars(enabled: bool = True) -> Iterator[None]:
     from transformers.utils import logging as hf_logging
 
     show = enabled and sys.stderr.isatty()
+    # transformers' GGUF conversion draws a plain tqdm bar that its switch does not reach
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    plain = gguf_utils.tqdm
     if not show:
         hf_logging.disable_progress_bar()
         disable_progress_bars()
+        gguf_utils.tqdm = functools.partial(plain, disable=True)
     try:
         yield
     finally:
         if not show:
             hf_logging.enable_progress_bar()
             enable_progress_bars()
+            gguf_utils.tqdm = plain

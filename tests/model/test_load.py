@@ -160,5 +160,9 @@ def test_no_third_party_bar_when_bars_are_off(monkeypatch):
     with third_party_bars(enabled=True):
         assert hf_logging.is_progress_bar_enabled()
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
     with third_party_bars(enabled=True):  # not a terminal: no bar either
         assert not hf_logging.is_progress_bar_enabled()
+        assert gguf_utils.tqdm([1], desc="x").disable  # the GGUF conversion's plain tqdm
+    assert not gguf_utils.tqdm([1], desc="x", file=sys.stdout).disable
