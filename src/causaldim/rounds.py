@@ -119,10 +119,16 @@ def until_converged(
         more = max(batch, wanted - n_run - done)
         more = min(more, cap - n_run - done)
         if progress:
+            rate = store.manifest["splits"]["eval"].get("tokens_per_second")
+            eta = (
+                f", about {more * seq_len / rate / 60:,.0f} min at {rate:,.0f} tok/s"
+                if rate
+                else ""
+            )
             print(
                 f"until converged: {HEADLINE} at {rounds[-1].independent_per_dim:.1f} "
                 f"independent equivalents per dimension from {tokens:,} eval tokens; "
-                f"harvesting {more * seq_len:,} more (cap {cap * seq_len:,})",
+                f"harvesting {more * seq_len:,} more (cap {cap * seq_len:,}){eta}",
                 file=sys.stderr,
             )
         plan_k = round_plan(the_plan, done, done + more)
