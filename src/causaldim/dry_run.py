@@ -114,6 +114,17 @@ def print_plan(
         f"{r['eig'] * 1e3:,.1f} ms an eigendecomposition): about {sec['total'] / 60:,.1f} "
         f"min ({stages} s){'; the store would be reused' if reused else ''}"
     )
+    if cfg.until_converged:
+        pool = 0 if the_plan.splits.rest is None else len(the_plan.splits.rest)
+        most = min(cfg.max_eval_tokens, (len(the_plan.splits.eval) + pool) * cfg.seq_len)
+        per_token = sec.get("harvest_eval", 0) / max(n_eval, 1)
+        print(
+            f"until converged: eval rounds beyond --tokens, up to {most:,} eval tokens in all "
+            f"(--max-eval-tokens {cfg.max_eval_tokens:,}; the corpus has "
+            f"{pool * cfg.seq_len:,} more), at most about "
+            f"{(most - n_eval) * per_token / 60:,.0f} min more; how many the headline needs "
+            "is known only from the run's own eval split"
+        )
     if planned():
         print(
             "  a lower bound on a GPU: its stated peak matmul speed, not timed; the many "
