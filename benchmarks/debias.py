@@ -3,7 +3,7 @@ share the estimator's assumptions: per cell, the plug-in erank's error, the corr
 erank's, whether it said it converged, how often its 95% interval covered the truth, and
 its time per reading.
 
-    python benchmarks/debias.py                    # the whole suite (about 10 min here)
+    python benchmarks/debias.py                    # the whole suite (about 13 min here)
     python benchmarks/debias.py --d 64 --trials 4  # a quicker look
 
 Samples come in sequences of 128 tokens, sequences being the independent unit:
@@ -28,14 +28,15 @@ per cell), within 3% from about 8 on. MIN_INDEPENDENT_PER_DIM is set from its ce
     python benchmarks/debias.py --kinds norm-coupled --d 64 --alpha 0.8 --rho 0 \
         --ratios 6.9 7.4 10.4 14 21 28.5 --trials 100
     python benchmarks/debias.py --kinds norm-coupled --d 64 --alpha 0.8 --rho 0.5 \
-        --ratios 9.8 10.3 14.6 19 28 37 --trials 100
+        --ratios 9.8 11 14.6 19 28 37 --trials 100
 
 (the ratios give about 4, 4.5, 6, 8, 12 and 16 independent equivalents per dimension).
 
 A cell passes when every trial whose own count of independent samples (the issue's
-n_eff (1 - rho) / (1 + rho)) reaches 4 d converged, and the converged trials are within
-3% of the truth in the mean with intervals covering it in at least 90% of them (or no
-trial converged: each said "not converged" and how many tokens would do). The exit
+n_eff (1 - rho) / (1 + rho)) reaches MIN_INDEPENDENT_PER_DIM x d converged, and the
+converged trials are within 3% of the truth in the mean with intervals covering it in at
+least 90% of them (or no trial converged: each said "not converged" and how many tokens
+would do). The exit
 status is 1 if any cell fails.
 """
 
@@ -50,6 +51,7 @@ from statistics import NormalDist
 import torch
 
 from causaldim.config import AnalysisConfig
+from causaldim.measures import debias
 from causaldim.measures.sigma import BlockSums, estimate, spectrum
 
 SEQ_LEN = 128
@@ -131,7 +133,7 @@ def trial(lam, kind, rho, n_seq, seed, blocks=32) -> dict:
     return {
         "n_eff_per_d": est.n_eff / d,
         # the issue's count of independent samples, this trial's
-        "must_converge": est.n_eff * (1 - rho) / (1 + rho) >= 4 * d,
+        "must_converge": est.n_eff * (1 - rho) / (1 + rho) >= debias.MIN_INDEPENDENT_PER_DIM * d,
         "independent_per_d": est.n_independent / d,
         "plug_in": est.erank / truth - 1,
         "corrected": est.erank_corrected / truth - 1,

@@ -74,7 +74,7 @@ def _cell(kind: str, rho: float, ratio: float, trials: int, alpha: float = 0.8):
 
 @pytest.mark.parametrize(
     ("kind", "rho", "ratio"),
-    [("elliptical", 0.0, 8), ("elliptical", 0.9, 30), ("low-rank", 0.5, 16)],
+    [("elliptical", 0.0, 16), ("elliptical", 0.9, 60), ("low-rank", 0.5, 32)],
 )
 def test_the_stress_suite_holds_in_converged_cells(kind, rho, ratio):
     """A subset of benchmarks/debias.py's suite (which prints every cell): where the
