@@ -27,6 +27,7 @@ READ_BY_EVERY_RUN = {
     *("corpus_config", "corpus_split", "corpus_revision"),  # refused unless a hub corpus
     *("batch_size", "logit_probes", "fisher_probes", "device", "dtype", "store_dtype"),
     *("outlier_factor", "shard_tokens", "seed", "out", "repair", "trust_remote_code"),
+    *("until_converged", "target_width"),  # --target-width alone is refused
     # the analysis of every run
     *("blocks", "bootstrap", "percentile", "reference_width", "atp_normalisation"),
     *("min_firings", "include_outliers", "min_samples_per_dim", "converged_change"),
@@ -47,6 +48,7 @@ CASES = [
     ("depth_layers", [1], {}, {"controls": ["depth"]}),
     ("scale_model", "other-model", {}, {"controls": ["scale"]}),
     ("ray_address", "auto", {}, {"executor": "ray"}),
+    ("max_eval_tokens", 65_536, {}, {"until_converged": True}),
     *(
         (name, value, {"sae_paths": ["sae.npz"]}, {})
         for name, value in [

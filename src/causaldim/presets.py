@@ -224,8 +224,12 @@ def _with_control(names: tuple[str, ...], what: str):
 READ_ONLY_WHEN = {
     "text_field": lambda h, s, a, own: (
         f"only .jsonl files and datasets have text fields, and --corpus {h.corpus} is neither"
-        if h.corpus == "builtin" or Path(h.corpus).suffix in (".txt", ".text", ".md")
+        if set(h.corpus.split("+")) <= {"builtin", "speeches", "books"}
+        or Path(h.corpus).suffix in (".txt", ".text", ".md")
         else None
+    ),
+    "max_eval_tokens": lambda h, s, a, own: (
+        None if h.until_converged else "only --until-converged reads it; add --until-converged"
     ),
     "profile_blocks": lambda h, s, a, own: (
         None if a.profile else "only the all-layer profile reads it; add --profile"
