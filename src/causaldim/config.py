@@ -71,9 +71,10 @@ class HarvestConfig:
     text_field: str = _opt(
         "text", "Field holding the text in .jsonl files and HF datasets (local or hub)."
     )
-    # 65,536 train and 16,384 eval tokens: on the embedded model the direct readings need
-    # about 11,500-14,500 eval tokens to converge (4 independent equivalents a dimension;
-    # 8,192 left the headline short), and the train split is what it was.
+    # 65,536 train and 16,384 eval tokens: on the embedded model the direct readings needed
+    # about 11,500-14,500 eval tokens to reach 4 independent equivalents a dimension (the
+    # rule before it took 8: twice that now, which --until-converged harvests), and the
+    # train split is what it was.
     tokens: int = _opt(
         81_920, "Tokens to harvest in all (train + eval); fewer if the corpus is smaller."
     )

@@ -45,9 +45,10 @@ def collect(results: dict, notes: list | tuple = ()) -> list[dict]:
             out.append(_item(f"sae.{name}.{code}", f"{name}: {message}", severity))
     prof = results.get("profile")
     if prof:
-        from .direct import profile_cautions
+        from .direct import converged_at, profile_cautions
 
-        for line in profile_cautions(prof, results["config"]["analysis"]):
+        at = converged_at(results)
+        for line in profile_cautions(prof, results["config"]["analysis"], at):
             reading = line.split(":", 1)[0]
             kind = "not_converged" if "not converged" in line else "half_drift"
             out.append(_item(f"profile.{reading}.{kind}", f"profile, {line}", NOTE))

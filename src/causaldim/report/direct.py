@@ -19,6 +19,12 @@ PULL_BACK = (
 REPORT_FLOOR = 1.0  # independent equivalents per dimension below which no value is given
 
 
+def converged_at(results: dict) -> float:
+    """Independent equivalents per dimension that "converged" took in this run (4 before
+    results.json recorded it)."""
+    return results.get("min_independent_per_dim", 4.0)
+
+
 def below_floor(est: dict) -> bool:
     """Too few independent equivalents per dimension for the corrected erank to be given
     as a value: the correction then moves it by half or more (0.2 per dimension turned a
@@ -155,10 +161,11 @@ def direct_sigma(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
         "over the vocabulary; the uncentred reading is the paper's literal E[J^T J]. "
         "Corrected: the erank of the spectrum deconvolved from the sampling spread, the "
         "sampling (each sample's weight, and the correlation of samples along a sequence) "
-        "measured from the samples; converged where at least 4 independent equivalents per "
-        "dimension back it. Interval: 95%, a jackknife over groups of sequences, the "
-        "simulation's spread and the change from half of the sequences to all. PR: from "
-        "U-statistics over pairs of samples in different sequence blocks. Plug-in: of the "
+        f"measured from the samples; converged where at least {converged_at(results):g} "
+        "independent equivalents per dimension back it. Interval: 95%, a jackknife over "
+        "groups of sequences, the simulation's spread and the change from half of the "
+        "sequences to all. PR: from U-statistics over pairs of samples in different sequence "
+        "blocks. Plug-in: of the "
         "sample Sigma, biased low, shown without an interval."
     )
     rows = []
@@ -194,6 +201,32 @@ def direct_sigma(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
         ],
         rows,
     )
+    other = results.get("sigma_other_outliers")
+    if other:
+        kept = next(iter(other.values()))["outliers"] == "kept"
+        doc.p(
+            f"The same eval tokens with the outliers {'kept' if kept else 'left out'} (the run "
+            f"{'left them out' if kept else 'kept them'}); corrected with fewer draws and "
+            "groups, so a wider interval:"
+        )
+        rows = []
+        for reading, e in other.items():
+            mine = sigma.get(reading, {}).get("erank_corrected")
+            theirs = e["erank_corrected"]
+            usable = mine is not None and theirs is not None and not below_floor(sigma[reading])
+            rows.append(
+                [
+                    reading,
+                    "n/a" if not usable else f"{mine:,.1f}",
+                    "n/a" if not usable else f"{theirs:,.1f} {ci(e['erank_corrected_95'])}",
+                    "n/a" if not usable else f"{100 * (theirs / mine - 1):+.1f}%",
+                    f"{e['n_tokens']:,}",
+                    "yes" if e["converged"] else "NO",
+                ]
+            )
+        doc.table(
+            ["reading", "as run", "other choice [95%]", "change", "tokens", "converged"], rows
+        )
     if "logits_uncentred" in sigma:
         share = sigma["logits_uncentred"].get("common_mode_share")
         doc.p(
@@ -237,7 +270,7 @@ def profile_section(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
             cells.append(num(row["activations"]["erank"]))
         rows.append(cells)
     doc.table(head, rows)
-    cautions = profile_cautions(prof, results["config"]["analysis"])
+    cautions = profile_cautions(prof, results["config"]["analysis"], converged_at(results))
     if cautions:
         doc.h(3, "Read with care")
         doc.ul(cautions)
@@ -245,7 +278,7 @@ def profile_section(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
         doc.img(figures["profile"], "profile")
 
 
-def profile_cautions(prof: dict, analysis: dict) -> list[str]:
+def profile_cautions(prof: dict, analysis: dict, converged_per_dim: float = 4.0) -> list[str]:
     """One line per reading: the layers where it has not converged, and those whose
     corrected erank moved from half of the sequences to all."""
     lines = []
@@ -261,7 +294,8 @@ def profile_cautions(prof: dict, analysis: dict) -> list[str]:
                 moving.append(i)
         if unconverged:
             lines.append(
-                f"{reading}: not converged (fewer than 4 independent equivalents per "
+                f"{reading}: not converged (fewer than {converged_per_dim:g} independent "
+                "equivalents per "
                 f"dimension) at layers {', '.join(unconverged)}; "
                 + (
                     f"about {needed:,} eval tokens would do at all of them"

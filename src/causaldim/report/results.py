@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from .. import __version__, versions
 from ..errors import UsageError
 from ..fileio import read_sealed_json, sha256_file
+from ..measures.debias import MIN_INDEPENDENT_PER_DIM
 from ..measures.sigma import HEADLINE
 from ..paper import PAPER
 from .cautions import collect, headline_object, touching_headline
@@ -151,6 +152,8 @@ def build_results(
             "probes": {"logits": m["key"]["logit_probes"], "fisher": m["key"]["fisher_probes"]},
         },
         "sigma": here.sigma_dicts(),
+        # what "converged" took (runs before this key: 4)
+        "min_independent_per_dim": MIN_INDEPENDENT_PER_DIM,
         "direct_kappa": direct_kappa(here.sigma_dicts()),
         # each direct reading with the other choice of outliers, from the same eval tokens
         "sigma_other_outliers": here.other_outliers,
