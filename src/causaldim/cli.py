@@ -247,6 +247,22 @@ def _parser(values: dict) -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_claims)
 
+    from .atlas import AtlasConfig
+
+    p = sub.add_parser(
+        "atlas",
+        parents=[runtime],
+        help="The direct kappa at every layer over models x corpora x context lengths, "
+        "outliers left out and kept -> OUT/atlas.md, atlas.csv, atlas.png, cells/.",
+        description="One eval pass a cell (no SAEs), every block's readings corrected for "
+        "finite samples; finished cells are reused, a killed cell starts again.",
+    )
+    _add_config_args(p, AtlasConfig, {})
+    p.add_argument(
+        "--dry-run", action="store_true", help="Each cell's memory and time; nothing run."
+    )
+    p.set_defaults(func=_cmd_atlas)
+
     p = sub.add_parser(
         "models", parents=[runtime], help="List the embedded models and the known model families."
     )
@@ -386,6 +402,23 @@ def _cmd_export(args) -> int:
     for e in export(args.source, args.dest, args.format, progress=not args.quiet):
         site = e.hook_name or "hook unknown (the run's store is not beside the SAE)"
         print(f"wrote: {e.folder} ({args.format}, {site})")
+    return 0
+
+
+def _cmd_atlas(args) -> int:
+    from . import atlas
+    from .lock import held
+    from .threads import limited
+
+    cfg = _config(args, atlas.AtlasConfig)
+    if args.dry_run:
+        atlas.dry_run(cfg)
+        return 0
+    atlas.plans(cfg)  # every cell checked before any pass
+    with held(cfg.out), limited(args.threads):
+        cells = atlas.run(cfg, progress=not args.quiet)
+        for path in atlas.write(cfg, cells, atlas.command(cfg)):
+            print(f"wrote: {path}")
     return 0
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .config import AnalysisConfig, HarvestConfig, SweepConfig
 from .errors import UsageError
+from .model.corpus import is_built_in
 
 # Wall time of `causaldim run` with the default preset on 2 CPU cores, the machine alone,
 # the embedded model converted (233 s in benchmarks/busy.py; docs/measured.md, "On a busy
@@ -224,8 +225,7 @@ def _with_control(names: tuple[str, ...], what: str):
 READ_ONLY_WHEN = {
     "text_field": lambda h, s, a, own: (
         f"only .jsonl files and datasets have text fields, and --corpus {h.corpus} is neither"
-        if set(h.corpus.split("+")) <= {"builtin", "speeches", "books"}
-        or Path(h.corpus).suffix in (".txt", ".text", ".md")
+        if is_built_in(h.corpus) or Path(h.corpus).suffix in (".txt", ".text", ".md")
         else None
     ),
     "max_eval_tokens": lambda h, s, a, own: (

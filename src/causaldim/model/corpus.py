@@ -145,6 +145,14 @@ def _docstrings(node: ast.AST, min_chars: int = 40):
                 stack.extend(reversed(getattr(child, field, [])))
 
 
+BUILT_IN = ("builtin", *prose.READERS)  # corpora that ship with the set-up
+
+
+def is_built_in(spec: str) -> bool:
+    """A built-in corpus's name, or a mixture of them joined by '+'."""
+    return all(name in BUILT_IN for name in spec.split("+"))
+
+
 def load_corpus(spec: str, text_field: str = "text") -> Corpus:
     """'builtin' (docstrings), 'speeches' or 'books' (prose.py), names of these joined by
     '+' (a mixture), a .txt file, a folder of .txt files, a .jsonl file or a local HF

@@ -18,7 +18,16 @@ import torch
 from .. import hub as hf
 from ..errors import IntegrityError, UsageError
 from ..fileio import cache_dir, read_sealed_json, write_sealed_json
-from .corpus import Corpus, budget_tokens, digest, leading_bos, load_corpus, pack, tokenize
+from .corpus import (
+    Corpus,
+    budget_tokens,
+    digest,
+    is_built_in,
+    leading_bos,
+    load_corpus,
+    pack,
+    tokenize,
+)
 
 
 def corpus_for(
@@ -71,9 +80,9 @@ _FILE_SUFFIXES = {
 
 
 def is_hub_name(spec: str) -> bool:
-    """Whether --corpus names a hub dataset: not 'builtin', not an existing local path,
+    """Whether --corpus names a hub dataset: not a built-in name, not an existing local path,
     and shaped as a hub id ('owner/name', or a bare canonical name) with no file suffix."""
-    if spec == "builtin" or Path(spec).expanduser().exists():
+    if is_built_in(spec) or Path(spec).expanduser().exists():
         return False
     return bool(_HUB_ID.fullmatch(spec)) and Path(spec).suffix.lower() not in _FILE_SUFFIXES
 

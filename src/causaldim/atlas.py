@@ -1,0 +1,232 @@
+"""`causaldim atlas`: the direct kappa at every layer over a grid of models x corpora x
+context lengths, each cell with the outliers left out and kept, from one eval pass.
+
+A cell is one eval-only pass of a model over a corpus in sequences of one length, its
+backward run on to block 0 so that every block's readings (loss, logits centred and
+literal, fisher) are summed on the way (measures/profile.py), twice: outliers left out
+and kept. Each layer is corrected as the profile's are (debias.LIGHT), with its interval
+and convergence (or the eval tokens that would do). Cells are written one by one to
+OUT/cells/NAME.json: a rerun skips the finished ones, a killed one starts its cell again.
+No SAEs: the atlas is about kappa, not about the estimator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+from .config import AnalysisConfig, HarvestConfig
+from .errors import UsageError
+from .fileio import read_sealed_json, write_sealed_json
+from .harvest import harvest, plan
+from .measures import profile
+
+
+def _opt(default, help: str):
+    if isinstance(default, list):  # a fresh list per config
+        return field(default_factory=lambda: list(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class AtlasConfig:
+    """The grid and what each cell reads."""
+
+    models: list[str] = _opt(
+        ["smollm2-135m", "gemma3-270m"], "Models: embedded names, hub names, folders, .gguf."
+    )
+    corpora: list[str] = _opt(
+        ["builtin", "speeches"], "Corpora: built-in names, mixtures (a+b), files, hub names."
+    )
+    seq_lens: list[int] = _opt([128, 512], "Context lengths (tokens a sequence).")
+    eval_tokens: int = _opt(16_384, "Eval tokens a cell (its one pass).")
+    profile_blocks: int = _opt(8, "Sequence blocks of each layer's sums (memory: see --dry-run).")
+    seed: int = _opt(0, "Seed of the sequences and the probes.")
+    out: str = _opt("runs/atlas", "Output folder: cells/, atlas.csv, atlas.json, figures.")
+
+    def cells(self) -> list[Cell]:
+        return [Cell(m, c, s) for m in self.models for c in self.corpora for s in self.seq_lens]
+
+    def check(self) -> None:
+        if self.eval_tokens <= 0 or self.profile_blocks < 2:
+            raise UsageError("--eval-tokens must be positive and --profile-blocks at least 2")
+        if any(s < 2 for s in self.seq_lens):
+            raise UsageError("every --seq-lens must be at least 2")
+        for name in ("models", "corpora", "seq_lens"):
+            if len(set(getattr(self, name))) < len(getattr(self, name)):
+                raise UsageError(f"--{name.replace('_', '-')} names one twice; give each once")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class Cell(NamedTuple):
+    model: str
+    corpus: str
+    seq_len: int
+
+    @property
+    def name(self) -> str:
+        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in f"{self.model}")
+        corpus = "".join(ch if ch.isalnum() or ch in "-_+" else "_" for ch in self.corpus)
+        return f"{safe}--{corpus}--{self.seq_len}"
+
+
+RULES = {"left out": False, "kept": True}  # outliers: include_outliers
+
+
+def harvest_config(cfg: AtlasConfig, cell: Cell) -> HarvestConfig:
+    """The cell's pass: eval only (the train half is planned, never harvested)."""
+    return HarvestConfig(
+        model=cell.model,
+        corpus=cell.corpus,
+        seq_len=cell.seq_len,
+        tokens=2 * cfg.eval_tokens,
+        eval_fraction=0.5,
+        seed=cfg.seed,
+        out=str(Path(cfg.out) / "passes" / cell.name),
+    )
+
+
+def plans(cfg: AtlasConfig) -> dict[Cell, object]:
+    """Every cell's plan, checked before any pass (bad input stops here, in one line)."""
+    cfg.check()
+    return {cell: plan(harvest_config(cfg, cell), profile=True) for cell in cfg.cells()}
+
+
+class _BothRules:
+    """The eval pass's rows to one profile accumulator per outlier rule."""
+
+    def __init__(self, accs: dict[str, profile.Accumulator]):
+        self.accs = accs
+        self.layers = next(iter(accs.values())).layers
+
+    def add(self, layer, rows) -> None:
+        for acc in self.accs.values():
+            acc.add(layer, rows)
+
+
+def run_cell(cfg: AtlasConfig, cell: Cell, the_plan, progress: bool) -> dict:
+    """One cell: its pass, every layer under both rules, as cells/NAME.json holds it."""
+    t0 = time.perf_counter()
+    c = the_plan.config
+    readings = profile.profile_readings(c.logit_probes, c.fisher_probes)
+    accs = {
+        rule: profile.Accumulator(
+            range(the_plan.source.n_layers),
+            the_plan.source.d_model,
+            len(the_plan.splits.eval),
+            c.seq_len,
+            cfg.profile_blocks,
+            readings,
+            include,
+            c.device,
+        )
+        for rule, include in RULES.items()
+    }
+    harvest(c, progress, the_plan, observer=_BothRules(accs), eval_round=0)
+    analysis = AnalysisConfig(profile=True, profile_blocks=cfg.profile_blocks)
+    probes = {"logits": c.logit_probes, "fisher": c.fisher_probes}
+    layers: dict = {}
+    for rule, acc in accs.items():
+        found = profile.estimates(acc, analysis, cfg.seed, probes, progress)
+        for layer, by_reading in profile.profile_results(found, acc, 0)["layers"].items():
+            layers.setdefault(layer, {})[rule] = by_reading
+    return {
+        "cell": cell._asdict(),
+        "key": the_plan.key,
+        "model": {
+            "n_layers": the_plan.source.n_layers,
+            "d_model": the_plan.source.d_model,
+            "family": the_plan.source.family,
+        },
+        "corpus": the_plan.corpus.id,
+        "eval_tokens": len(the_plan.splits.eval) * c.seq_len,
+        "layers": layers,
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def run(cfg: AtlasConfig, progress: bool = True) -> list[dict]:
+    """Every cell, the finished ones read back (same key) instead of measured again."""
+    checked = plans(cfg)
+    folder = Path(cfg.out) / "cells"
+    folder.mkdir(parents=True, exist_ok=True)
+    done = []
+    for i, (cell, the_plan) in enumerate(checked.items(), 1):
+        path = folder / f"{cell.name}.json"
+        if path.is_file():
+            found = read_sealed_json(path, "atlas cell")
+            if found.get("key") == the_plan.key:
+                done.append(found)
+                continue
+        if progress:
+            print(f"atlas: cell {i} of {len(checked)}: {cell.name}", file=sys.stderr)
+        found = run_cell(cfg, cell, the_plan, progress)
+        write_sealed_json(path, found)
+        done.append(found)
+    return done
+
+
+def command(cfg: AtlasConfig) -> str:
+    """The command line that makes this atlas."""
+    import shlex
+
+    parts = ["causaldim", "atlas"]
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        parts += [
+            f"--{f.name.replace('_', '-')}",
+            *map(str, value if isinstance(value, list) else [value]),
+        ]
+    return shlex.join(parts)
+
+
+def write(cfg: AtlasConfig, cells: list[dict], command: str) -> list[Path]:
+    """atlas.json (the cells), atlas.csv, atlas.png and atlas.md under OUT."""
+    from .report import atlas as report
+
+    out = Path(cfg.out)
+    table = report.rows(cells)
+    write_sealed_json(
+        out / "atlas.json", {"config": cfg.to_dict(), "command": command, "cells": cells}
+    )
+    paths = [
+        out / "atlas.json",
+        report.write_csv(table, out / "atlas.csv"),
+        report.figure(table, out / "atlas.png"),
+    ]
+    (out / "atlas.md").write_text(report.markdown(cfg.to_dict(), cells, table, command))
+    return [*paths, out / "atlas.md"]
+
+
+def dry_run(cfg: AtlasConfig) -> None:
+    """Each cell's plan: tokens, memory of its sums and pass, and time, measured here."""
+    from .config import SweepConfig
+    from .costs import estimate
+
+    total = 0.0
+    for cell, the_plan in plans(cfg).items():
+        analysis = AnalysisConfig(profile=True, profile_blocks=cfg.profile_blocks)
+        est = estimate(the_plan, SweepConfig(widths=[16], sae_dtype="float32"), analysis)
+        sec = est["seconds"]
+        seconds = (
+            sec["start"]
+            + sec["harvest_eval"]
+            + len(RULES) * sec["profile"]
+            + sec.get("convert_gguf_once", 0.0)
+        )
+        total += seconds
+        mem = est["memory"]
+        sums = len(RULES) * mem["profile_sums_bytes"]
+        print(
+            f"cell {cell.name}: {est['tokens']['eval']:,} eval tokens, {the_plan.source.n_layers} "
+            f"layers; memory {(mem['model_pass_bytes'] + sums) / 2**30:,.1f} GiB (the pass "
+            f"{mem['model_pass_bytes'] / 2**30:,.1f}, the sums of both rules "
+            f"{sums / 2**30:,.1f}); about {seconds / 60:,.1f} min"
+        )
+    print(f"atlas: {len(cfg.cells())} cells, about {total / 60:,.0f} min in all; nothing written")

@@ -1,0 +1,200 @@
+"""The atlas written out: one row per cell, layer, outlier rule and reading (atlas.csv),
+a figure of kappa / d against relative depth (a line per model and context length, a
+panel per corpus), and atlas.md, which says from the numbers what moves kappa."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from pathlib import Path
+
+from ..measures.sigma import HEADLINE
+from .direct import below_floor
+
+FIELDS = (
+    "model",
+    "corpus",
+    "seq_len",
+    "layer",
+    "depth",
+    "outliers",
+    "reading",
+    "kappa",
+    "low",
+    "high",
+    "kappa_over_d",
+    "converged",
+    "independent_per_dim",
+    "eval_tokens_needed",
+    "plug_in",
+)
+
+
+def rows(cells: list[dict]) -> list[dict]:
+    out = []
+    for c in cells:
+        d, n = c["model"]["d_model"], c["model"]["n_layers"]
+        for layer, rules in sorted(c["layers"].items(), key=lambda kv: int(kv[0])):
+            for rule, readings in rules.items():
+                for reading, e in readings.items():
+                    if reading == "activations":
+                        continue
+                    est = {**e, "samples_per_dim": e["n_samples"] / d}
+                    value = None if below_floor(est) else e.get("erank_corrected")
+                    lo, hi = e.get("erank_corrected_95") or (None, None)
+                    lo, hi = (lo, hi) if value else (None, None)
+                    out.append(
+                        {
+                            **c["cell"],
+                            "layer": int(layer),
+                            "depth": round(int(layer) / max(n - 1, 1), 4),
+                            "outliers": rule,
+                            "reading": reading,
+                            "kappa": value,
+                            "low": lo,
+                            "high": hi,
+                            "kappa_over_d": None if value is None else value / d,
+                            "converged": e.get("converged"),
+                            "independent_per_dim": (e.get("n_independent") or 0) / d,
+                            "eval_tokens_needed": e.get("eval_tokens_needed"),
+                            "plug_in": e.get("erank"),
+                        }
+                    )
+    return out
+
+
+def write_csv(table: list[dict], path: Path) -> Path:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        w.writerows(table)
+    return path
+
+
+def figure(table: list[dict], path: Path) -> Path:
+    """kappa / d of the headline reading (outliers left out) against relative depth."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mine = [r for r in table if r["reading"] == HEADLINE and r["outliers"] == "left out"]
+    corpora = sorted({r["corpus"] for r in mine})
+    fig, axes = plt.subplots(1, len(corpora), figsize=(5 * len(corpora), 4), squeeze=False)
+    for ax, corpus in zip(axes[0], corpora, strict=True):
+        for model in sorted({r["model"] for r in mine}):
+            for seq_len in sorted({r["seq_len"] for r in mine}):
+                line = [
+                    r
+                    for r in mine
+                    if (r["corpus"], r["model"], r["seq_len"]) == (corpus, model, seq_len)
+                ]
+                line.sort(key=lambda r: r["depth"])
+                xs = [r["depth"] for r in line if r["kappa_over_d"] is not None]
+                ys = [r["kappa_over_d"] for r in line if r["kappa_over_d"] is not None]
+                style = "-" if seq_len == min(r["seq_len"] for r in mine) else "--"
+                ax.plot(xs, ys, style, marker=".", label=f"{model}, seq {seq_len}")
+        ax.axhline(0.86, color="grey", lw=0.8, ls=":", label="the paper's 0.86")
+        ax.set(title=corpus, xlabel="relative depth (layer / (layers - 1))", ylabel="kappa / d")
+        ax.set_ylim(0, 1)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _ratio_line(table: list[dict], what: str, a, b, **fixed) -> str | None:
+    """The median over matching layers of kappa(what = b) / kappa(what = a)."""
+    axes = ("model", "corpus", "seq_len", "layer", "outliers", "reading")
+
+    def key(r):
+        return tuple(r[k] for k in axes if k != what)
+
+    def chosen(r):
+        return all(r[k] == v for k, v in fixed.items())
+
+    base = {key(r): r["kappa"] for r in table if r[what] == a and chosen(r)}
+    ratios = [
+        r["kappa"] / base[key(r)]
+        for r in table
+        if r[what] == b and chosen(r) and r["kappa"] and base.get(key(r))
+    ]
+    if not ratios:
+        return None
+    return (
+        f"{what} {b} against {a}: kappa x{statistics.median(ratios):.2f} in the median over "
+        f"{len(ratios)} layers (x{min(ratios):.2f} to x{max(ratios):.2f})"
+    )
+
+
+def markdown(cfg: dict, cells: list[dict], table: list[dict], command: str) -> str:
+    lines = [
+        "# The atlas: the direct kappa across models, text, context and depth",
+        "",
+        f"Made by `{command}` (causaldim atlas; cells in `cells/`, every number in "
+        "`atlas.csv`). Each cell is one eval pass; every layer is corrected for finite "
+        "samples with the profile's lighter budget; outliers (position 0 and large norms) "
+        "left out and kept, from the same tokens.",
+        "",
+        "![kappa / d against depth](atlas.png)",
+        "",
+        "## Cells",
+        "",
+        "| model | corpus | seq | eval tokens | headline kappa / d, median over layers "
+        "(range) | layers converged | seconds |",
+        "| --- | --- | ---: | ---: | --- | ---: | ---: |",
+    ]
+    for c in cells:
+        cell = c["cell"]
+        mine = [
+            r
+            for r in table
+            if (r["model"], r["corpus"], r["seq_len"]) == tuple(cell.values())
+            and r["reading"] == HEADLINE
+            and r["outliers"] == "left out"
+        ]
+        values = [r["kappa_over_d"] for r in mine if r["kappa_over_d"] is not None]
+        said = (
+            f"{statistics.median(values):.2f} ({min(values):.2f} to {max(values):.2f})"
+            if values
+            else "n/a (below the floor at every layer)"
+        )
+        converged = sum(1 for r in mine if r["converged"])
+        lines.append(
+            f"| {cell['model']} | {cell['corpus']} | {cell['seq_len']} | {c['eval_tokens']:,} | "
+            f"{said} | {converged} of {len(mine)} | {c['seconds']:,.0f} |"
+        )
+    lines += ["", "## What moves kappa (the headline reading, medians of matched ratios)", ""]
+    head, out = {"reading": HEADLINE}, {"outliers": "left out"}
+    found = [
+        _ratio_line(table, "outliers", "left out", "kept", **head),
+        *(
+            _ratio_line(table, "seq_len", a, b, **head, **out)
+            for a, b in zip(cfg["seq_lens"], cfg["seq_lens"][1:], strict=False)
+        ),
+        *(
+            _ratio_line(table, "corpus", cfg["corpora"][0], other, **head, **out)
+            for other in cfg["corpora"][1:]
+        ),
+        *(
+            _ratio_line(table, "reading", HEADLINE, other, **out)
+            for other in ("logits_uncentred", "loss", "fisher")
+        ),
+    ]
+    lines += [f"- {line}." for line in found if line]
+    unconverged = [r for r in table if r["reading"] == HEADLINE and r["converged"] is False]
+    if unconverged:
+        need = max(r["eval_tokens_needed"] or 0 for r in unconverged)
+        lines += [
+            "",
+            f"Not converged: {len(unconverged)} of the headline's layer readings; about "
+            f"{need:,} eval tokens a cell would do at all of them (`--eval-tokens`).",
+        ]
+    return "\n".join(lines) + "\n"
