@@ -38,7 +38,9 @@ def test_embedded_gradient_matches_autograd(smollm):
     ).input_ids
     ours = grads_at(smollm, (15,), ids)[15]
     _, g = reference_grad(smollm, 15, ids)
-    assert (ours.g - g).norm() / g.norm() < 1e-5
+    # float32 through 15 blocks: two threads sum in another order than one (7e-5 apart
+    # with two, under 1e-5 with one, as the suite's workers run)
+    assert (ours.g - g).norm() / g.norm() < 2e-4
 
 
 def test_the_gguf_is_converted_once_and_reads_back_the_same(smollm):
