@@ -3,7 +3,9 @@ model, measured side by side in one run.
 
 For each model: the eval pass as runs make it (one Gaussian logit probe, split into its
 centred and shift parts, and one Fisher probe) on a batch of the built-in corpus; its
-FLOPs counted by torch's FlopCounterMode (every matmul it runs, forward and backward);
+matmul FLOPs a token from the model's weights as the dry run counts them (costs.py: a
+full forward, one backward from the loss and one per probe part down to L, and two
+[vocab x d] head products; attention's own products left out, a few percent at 128);
 this machine's matmul speed timed at the model's own widest product (tokens x d against
 d x vocab, the head) in the same run. floor = speed / FLOPs per token; the ratio
 measured / floor is what to read (1.0: every cycle in a matmul at full speed). Gemma 3
@@ -19,8 +21,10 @@ import statistics
 import time
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
+from causaldim.config import HarvestConfig
+from causaldim.costs import parameter_counts
+from causaldim.harvest import plan
 from causaldim.harvest.model_pass import grads_at
 from causaldim.model.corpus import load_corpus, tokenize
 from causaldim.model.load import load_model, resolve_model
@@ -42,15 +46,24 @@ def matmul_speed(tokens: int, d: int, vocab: int, reps: int) -> float:
     return 2 * tokens * d * vocab / statistics.median(times)
 
 
+def flops_per_token(name: str, seq_len: int) -> float:
+    """The eval pass's matmul FLOPs a token at the middle layer (costs.estimate's count)."""
+    cfg = HarvestConfig(model=name, seq_len=seq_len, tokens=4 * seq_len, out="/nonexistent/x")
+    params = parameter_counts(plan(cfg, dry_run=True))
+    above = params["above_layer"]
+    backwards = 1 + 3  # the loss, the probe's centred and shift parts, the Fisher probe
+    head_products = 2  # p W (below the head for the loss, shift, Fisher) and the centred
+    forward = params["through_layer"] + above + params["head"]
+    return 2 * (forward + backwards * above + head_products * params["head"])
+
+
 def measure(name: str, batch: int, seq_len: int, reps: int) -> dict:
     source = resolve_model(name)
     layer = source.n_layers // 2
     lm = load_model(source, "float32")
     seqs = tokenize(load_corpus("builtin"), lm.tokenizer, seq_len)
     ids = seqs[:batch]
-    with FlopCounterMode(display=False) as counter:
-        eval_pass(lm, layer, ids)
-    flops_per_token = counter.get_total_flops() / ids.numel()
+    per_token = flops_per_token(name, seq_len)
     eval_pass(lm, layer, seqs[batch : 2 * batch])  # warm-up
     times, speeds = [], []
     for i in range(reps):  # alternate the pass and the speed, so load hits both alike
@@ -61,11 +74,11 @@ def measure(name: str, batch: int, seq_len: int, reps: int) -> dict:
         speeds.append(matmul_speed(ids.numel(), source.d_model, source.config.vocab_size, 2))
     measured = ids.numel() / statistics.median(times)
     speed = statistics.median(speeds)
-    floor = speed / flops_per_token
+    floor = speed / per_token
     return {
         "model": name,
         "layer": layer,
-        "gflop_per_token": flops_per_token / 1e9,
+        "gflop_per_token": per_token / 1e9,
         "matmul_gflops": speed / 1e9,
         "tokens_per_second": measured,
         "floor": floor,
