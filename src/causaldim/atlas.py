@@ -151,9 +151,10 @@ def run_cell(cfg: AtlasConfig, cell: Cell, the_plan, progress: bool) -> dict:
     }
 
 
-def run(cfg: AtlasConfig, progress: bool = True) -> list[dict]:
-    """Every cell, the finished ones read back (same key) instead of measured again."""
-    checked = plans(cfg)
+def run(cfg: AtlasConfig, progress: bool = True, checked: dict | None = None) -> list[dict]:
+    """Every cell, the finished ones read back (same key) instead of measured again;
+    checked: the cells' plans, where the caller has made them."""
+    checked = checked or plans(cfg)
     folder = Path(cfg.out) / "cells"
     folder.mkdir(parents=True, exist_ok=True)
     done = []

@@ -414,9 +414,9 @@ def _cmd_atlas(args) -> int:
     if args.dry_run:
         atlas.dry_run(cfg)
         return 0
-    atlas.plans(cfg)  # every cell checked before any pass
+    checked = atlas.plans(cfg)  # every cell checked before any pass
     with held(cfg.out), limited(args.threads):
-        cells = atlas.run(cfg, progress=not args.quiet)
+        cells = atlas.run(cfg, progress=not args.quiet, checked=checked)
         for path in atlas.write(cfg, cells, atlas.command(cfg)):
             print(f"wrote: {path}")
     return 0
