@@ -371,7 +371,7 @@ def depth_result(last_epsilon=1.05e-04, loss=True, converged=True):
     }
 
 
-def scale_row(width, ks, p, n, n_causal):
+def scale_row(width, ks, p, n, n_causal, null_ks=(0.05, 0.04)):
     quantiles = [[-4.0 + 0.1 * i for i in range(41)], [-4.2 + 0.11 * i for i in range(41)]]
     return {
         "widths": [width, width],
@@ -379,6 +379,8 @@ def scale_row(width, ks, p, n, n_causal):
         "p_value": p,
         "permutations": 1000,
         "n": n,
+        "null_ks": list(null_ks),
+        "margin": max(null_ks),
         "n_causal": n_causal,
         "quantiles": quantiles,
     }
@@ -392,6 +394,7 @@ def scale_result():
         "d_model": [576, 960],
         "models": ["smollm2-135m", "smollm2-360m"],
         "n_widths_differ": 1,
+        "n_widths_beyond_null": 1,
         "epsilon": [3.2109e-05, 1.9e-05],
         "kappa_hat": [432.7, 612.4],
         "rows": [
@@ -976,13 +979,15 @@ def test_depth_without_an_epsilon_ratio_or_a_loss_reading_stars_what_has_not_con
 
 def test_scale_compares_the_two_models_shapes():
     md = section("scale", scale_result())
-    assert "| widths | KS (log AtP / epsilon) | permutation p | features | N_causal |" in md
-    assert "| 1,024 | 0.081 | 0.235 | 1,010 / 1,003 | 41 / 39 |" in md
-    assert "| 4,096 | 0.153 | 0.000999 | 3,816 / 3,790 | 301 / 377 |" in md
+    head = "| widths | KS (log AtP / epsilon) | permutation p | within-model KS (split halves) |"
+    assert head in md
+    assert "| 1,024 | 0.081 | 0.235 | 0.050 / 0.040 | 1,010 / 1,003 | 41 / 39 |" in md
+    assert "| 4,096 | 0.153 | 0.000999 | 0.050 / 0.040 | 3,816 / 3,790 | 301 / 377 |" in md
     assert paragraph(md).startswith(
         "smollm2-135m (layer 15 of 30, d=576) against smollm2-360m (layer 23 of 32, d=960), the "
         "same widths: the normalised AtP distributions differ in shape (permutation p < 0.05) "
-        "at 1 of 2 widths; kappa_hat 433 against 612. Normalising"
+        "at 1 of 2 widths, beyond what splitting one model's eval tokens in halves moves it "
+        "(the within-model null) at 1; kappa_hat 433 against 612. Normalising"
     )
 
 

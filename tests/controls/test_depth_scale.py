@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from causaldim.controls.depth import default_depth_layers
-from causaldim.controls.scale import ks_shape, matched_layer, normalised_log_atp, scale_comparison
+from causaldim.controls.scale import (
+    ks_shape,
+    matched_layer,
+    normalised_log_atp,
+    scale_comparison,
+    split_half_ks,
+)
 from causaldim.measures.score import Scores
 
 
@@ -82,3 +88,39 @@ def test_scale_comparison_pairs_widths_and_reports_each_models_counts():
     for r in out["rows"]:
         assert 0 <= r["ks"] <= 1 and 0 < r["p_value"] <= 1
         assert len(r["quantiles"]) == 2 and len(r["quantiles"][0]) == 41
+
+
+def _two_blocks(first: np.ndarray, second: np.ndarray) -> Scores:
+    """Two blocks of one token each: feature i's AtP is first[i] on one, second[i] on the other."""
+    width = len(first)
+    return Scores(
+        atp_sums=torch.tensor(np.stack([first, second]), dtype=torch.float64),
+        fired_counts=torch.ones(2, width, dtype=torch.float64),
+        tokens=torch.tensor([1.0, 1.0]),
+        active=torch.tensor([float(width)] * 2),
+    )
+
+
+def test_the_within_model_null_is_the_split_half_ks_and_sets_the_margin():
+    """Halves of one model's tokens give a small KS (sampling); a difference in shape
+    between models counts only above both models' split-half KS."""
+    rng = np.random.default_rng(3)
+    same = _two_blocks(rng.lognormal(0, 1, 3000), rng.lognormal(0, 1, 3000))
+    assert split_half_ks(same, 1.0) < 0.05
+    noisy = _two_blocks(rng.lognormal(0, 1, 3000), rng.lognormal(0, 1.6, 3000))
+    assert split_half_ks(noisy, 1.0) > 0.1  # halves that disagree: a wide null
+
+    def side(scores):
+        atp = scores.atp.numpy()
+        an = analysis_for(atp)
+        return {64: scores}, an
+
+    wider = _two_blocks(rng.lognormal(0, 2.5, 3000), rng.lognormal(0, 2.5, 3000))
+    out = scale_comparison(side(same), side(wider), ("A", "B"), permutations=50)
+    (row,) = out["rows"]
+    assert row["margin"] == pytest.approx(max(row["null_ks"])) and row["ks"] > row["margin"]
+    assert out["n_widths_beyond_null"] == 1
+    again = _two_blocks(rng.lognormal(0, 1, 3000), rng.lognormal(0, 1.6, 3000))
+    out = scale_comparison(side(noisy), side(again), ("A", "B"), permutations=50)
+    assert out["rows"][0]["ks"] < out["rows"][0]["margin"]  # within the noise of halves
+    assert out["n_widths_beyond_null"] == 0

@@ -325,6 +325,20 @@ def test_each_rule_holds_fails_and_cannot_be_tested(key, expected):
     assert verdict(build(), key)[0] == expected
 
 
+def test_the_scale_shape_differs_only_beyond_the_within_model_null():
+    """With each model's split-half KS recorded, a tiny p is not enough: the KS between
+    the models must also exceed both models' own."""
+
+    def scale(ks, margin):
+        row = {"p_value": 1e-6, "ks": ks, "null_ks": [margin, margin / 2], "margin": margin}
+        return with_controls(scale={"models": ["a", "b"], "rows": [row]})
+
+    assert verdict(scale(0.08, 0.12), "scale_shape")[0] == HOLDS  # within sampling
+    assert verdict(scale(0.30, 0.12), "scale_shape")[0] == FAILS
+    (claim,) = [c for c in claims(scale(0.30, 0.12)) if c.key == "scale_shape"]
+    assert "within-model 0.120" in str(claim)
+
+
 def test_the_kappa_table_gives_the_literal_reading_its_own_verdict():
     results = level_holds()  # the gauge-invariant reading at 0.78 d, the literal at 0.26 d
     assert verdict(results, "kappa_level")[0] == HOLDS

@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import torch
 from scipy.stats import ks_2samp
 
 from ..config import AnalysisConfig, HarvestConfig
@@ -49,6 +50,24 @@ def ks_shape(a: np.ndarray, b: np.ndarray, permutations: int = 1000, seed: int =
     }
 
 
+def split_half_ks(scores: Scores, epsilon: float) -> float | None:
+    """The within-model null: the KS statistic between the normalised AtP of the features
+    scored on the first half of the eval blocks and on the second. Sampling alone moves the
+    shape this much; a difference between models must exceed it to be one of the models."""
+    blocks = len(scores.tokens)
+    if blocks < 2:
+        return None
+    first = (torch.arange(blocks) < blocks // 2).double()
+    halves = []
+    for w in (first, 1 - first):
+        atp, fired = scores.resample(w)
+        x = atp[fired > 0].numpy()
+        halves.append(np.log10(np.maximum(x, 1e-300) / epsilon))
+    if min(len(h) for h in halves) == 0:
+        return None
+    return float(ks_2samp(*halves).statistic)
+
+
 def scale_comparison(
     a: tuple[dict[int, Scores], dict],
     b: tuple[dict[int, Scores], dict],
@@ -71,10 +90,15 @@ def scale_comparison(
         xa = normalised_log_atp(sa, an_a["epsilon"])
         xb = normalised_log_atp(sb, an_b["epsilon"])
         qs = np.linspace(0, 1, 41)
+        null = [split_half_ks(sa, an_a["epsilon"]), split_half_ks(sb, an_b["epsilon"])]
+        known = [k for k in null if k is not None]
         rows.append(
             {
                 "widths": [wa, wb],
                 **ks_shape(xa, xb, permutations, seed + wa),
+                # each model's split-half KS; the margin a difference must exceed
+                "null_ks": null,
+                "margin": max(known) if known else None,
                 "n_causal": [ra["n_causal"], rb["n_causal"]],
                 "quantiles": [
                     [float(v) for v in np.quantile(xa, qs)],
@@ -85,6 +109,11 @@ def scale_comparison(
     return {
         "models": list(names),
         "n_widths_differ": sum(bool(r["p_value"] < 0.05) for r in rows),
+        # beyond sampling: p < 0.05 and a KS above both models' split-half KS
+        "n_widths_beyond_null": sum(
+            bool(r["p_value"] < 0.05 and r["margin"] is not None and r["ks"] > r["margin"])
+            for r in rows
+        ),
         "epsilon": [an_a["epsilon"], an_b["epsilon"]],
         "kappa_hat": [an_a["kappa"]["free"]["kappa"], an_b["kappa"]["free"]["kappa"]],
         "rows": rows,
@@ -113,12 +142,22 @@ def plot_scale(c: dict, path: Path) -> Path:
 
 def scale_section(doc: Doc, c: dict) -> None:
     doc.table(
-        ["widths", "KS (log AtP / epsilon)", "permutation p", "features", "N_causal"],
+        [
+            "widths",
+            "KS (log AtP / epsilon)",
+            "permutation p",
+            "within-model KS (split halves)",
+            "features",
+            "N_causal",
+        ],
         [
             [
                 f"{r['widths'][0]:,}",
                 f"{r['ks']:.3f}",
                 f"{r['p_value']:.3g}",
+                " / ".join("n/a" if k is None else f"{k:.3f}" for k in r.get("null_ks", [None]))
+                if "null_ks" in r
+                else "n/a",
                 f"{r['n'][0]:,} / {r['n'][1]:,}",
                 f"{r['n_causal'][0]} / {r['n_causal'][1]}",
             ]
@@ -129,7 +168,14 @@ def scale_section(doc: Doc, c: dict) -> None:
         f"{c['models'][0]} (layer {c['layers'][0]} of {c['n_layers'][0]}, d={c['d_model'][0]}) "
         f"against {c['models'][1]} (layer {c['layers'][1]} of {c['n_layers'][1]}, "
         f"d={c['d_model'][1]}), the same widths: the normalised AtP distributions differ in "
-        f"shape (permutation p < 0.05) at {c['n_widths_differ']} of {len(c['rows'])} widths; "
+        f"shape (permutation p < 0.05) at {c['n_widths_differ']} of {len(c['rows'])} widths"
+        + (
+            f", beyond what splitting one model's eval tokens in halves moves it (the "
+            f"within-model null) at {c['n_widths_beyond_null']}"
+            if "n_widths_beyond_null" in c
+            else ""
+        )
+        + "; "
         f"kappa_hat {num(c['kappa_hat'][0])} against {num(c['kappa_hat'][1])}. Normalising by each "
         "model's own epsilon removes any pure rescaling of the scores, so a difference here "
         "is one of shape; with equal widths for models of different d the SAEs are not "

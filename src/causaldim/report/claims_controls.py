@@ -286,6 +286,17 @@ def scale_shape(results: dict, c: dict) -> Decided:
     ps = [r["p_value"] for r in c["rows"]]
     bar = 0.05 / len(ps)
     shown = f"{c['models'][0]} against {c['models'][1]}: smallest KS p {min(ps):.3g}"
+    if all(r.get("margin") is not None for r in c["rows"]):
+        # the within-model null: a width differs only beyond both models' split-half KS
+        beyond = [r for r in c["rows"] if r["p_value"] < bar and r["ks"] > r["margin"]]
+        worst = max(c["rows"], key=lambda r: r["ks"] - r["margin"])
+        shown += f"; KS {worst['ks']:.3f} against a within-model {worst['margin']:.3f}"
+        return decided(
+            shown,
+            not beyond,
+            f"the same AtP shape unless a width's p < 0.05 / {len(ps)} = {bar:.3g} with a "
+            "KS above both models' split-half KS",
+        )
     return decided(
         shown,
         min(ps) >= bar,
