@@ -74,3 +74,15 @@ def test_bad_grids_are_refused_before_any_pass(tmp_path, capsys):
         assert cli.main(["atlas", *bad, "--out", str(out)]) == 2
         assert capsys.readouterr().err.strip().count("\n") == 0
     assert not out.exists()
+
+
+def test_the_atlas_answers_the_claims_by_the_claims_tables_rules(atlas_run):
+    out, _ = atlas_run
+    md = (out / "atlas.md").read_text()
+    table = md.split("## The claims it answers")[1]
+    assert (
+        "| kappa_text, sequences of 16 |" in table and "| kappa_scale, sequences of 16 |" in table
+    )
+    assert "across families" in table or "not testable" in table or "not converged" in table
+    verdicts = [line.split(" | ")[2] for line in table.splitlines() if line.startswith("| kappa_")]
+    assert verdicts and all(v in ("holds", "does not hold", "not testable here") for v in verdicts)

@@ -189,6 +189,17 @@ def markdown(cfg: dict, cells: list[dict], table: list[dict], command: str) -> s
         ),
     ]
     lines += [f"- {line}." for line in found if line]
+    lines += [
+        "",
+        "## The claims it answers (the middle layer, by the claims tables' rules)",
+        "",
+        "| claim | compared | verdict | why |",
+        "| --- | --- | --- | --- |",
+        *(
+            f"| {claim} | {shown} | {verdict} | {why} |".replace("\n", " ")
+            for claim, shown, verdict, why in claims(cells)
+        ),
+    ]
     unconverged = [r for r in table if r["reading"] == HEADLINE and r["converged"] is False]
     if unconverged:
         need = max(r["eval_tokens_needed"] or 0 for r in unconverged)
@@ -198,3 +209,53 @@ def markdown(cfg: dict, cells: list[dict], table: list[dict], command: str) -> s
             f"{need:,} eval tokens a cell would do at all of them (`--eval-tokens`).",
         ]
     return "\n".join(lines) + "\n"
+
+
+def _run_at(cell: dict, layer: str) -> tuple[str, dict]:
+    """One cell's layer (outliers left out) as the claims rules read a run."""
+    from ..paper import PAPER
+
+    c = cell["cell"]
+    model = cell["model"]
+    est = cell["layers"][layer]["left out"]
+    sigma = {
+        r: {**e, "samples_per_dim": e["n_samples"] / model["d_model"]}
+        for r, e in est.items()
+        if r != "activations"
+    }
+    results = {
+        "store": {
+            "layer": int(layer),
+            "model": {**model, "identity": {"name": c["model"], "family": model["family"]}},
+        },
+        "inputs": {"corpus": {"id": cell["corpus"]}, "model": {"name": c["model"]}},
+        "sigma": sigma,
+        "paper": PAPER,
+    }
+    return f"{c['model']} on {c['corpus']}, seq {c['seq_len']}", results
+
+
+def _middle(cell: dict) -> str:
+    """The layer at about half the depth, where the paper measured (12 of 26)."""
+    n = cell["model"]["n_layers"]
+    return str(round(0.48 * (n - 1)))
+
+
+def claims(cells: list[dict]) -> list[tuple[str, str, str, str]]:
+    """The claims the atlas answers, each at the middle layer by the claims tables' own
+    rules: (claim, what was compared, verdict, why)."""
+    from .claims_kappa import across, level
+
+    out = []
+    seqs = sorted({c["cell"]["seq_len"] for c in cells})
+    for seq in seqs:
+        runs = [_run_at(c, _middle(c)) for c in cells if c["cell"]["seq_len"] == seq]
+        for claim in across(runs):
+            key = f"{claim.key}, sequences of {seq}"
+            out.append((key, claim.this_run, claim.verdict, claim.reason))
+    for c in cells:
+        if c["cell"]["seq_len"] == max(seqs) and c["cell"]["corpus"] != "builtin":
+            name, results = _run_at(c, _middle(c))
+            shown, verdict, why = level(results, HEADLINE)
+            out.append((f"kappa_level (0.86 d), {name}", shown, verdict, why))
+    return out
