@@ -71,6 +71,11 @@ def write_csv(table: list[dict], path: Path) -> Path:
     return path
 
 
+def _short(name: str) -> str:
+    """A local path by its last part (a hub name keeps its owner)."""
+    return Path(name).name if name.startswith(("/", ".", "~")) else name
+
+
 def figure(table: list[dict], path: Path) -> Path:
     """kappa / d of the headline reading (outliers left out) against relative depth."""
     import matplotlib
@@ -93,9 +98,10 @@ def figure(table: list[dict], path: Path) -> Path:
                 xs = [r["depth"] for r in line if r["kappa_over_d"] is not None]
                 ys = [r["kappa_over_d"] for r in line if r["kappa_over_d"] is not None]
                 style = "-" if seq_len == min(r["seq_len"] for r in mine) else "--"
-                ax.plot(xs, ys, style, marker=".", label=f"{model}, seq {seq_len}")
+                ax.plot(xs, ys, style, marker=".", label=f"{_short(model)}, seq {seq_len}")
         ax.axhline(0.86, color="grey", lw=0.8, ls=":", label="the paper's 0.86")
-        ax.set(title=corpus, xlabel="relative depth (layer / (layers - 1))", ylabel="kappa / d")
+        ax.set(title=_short(corpus), ylabel="kappa / d")
+        ax.set_xlabel("relative depth (layer / (layers - 1))")
         ax.set_ylim(0, 1)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8)
