@@ -128,7 +128,9 @@ def run_cell(cfg: AtlasConfig, cell: Cell, the_plan, progress: bool) -> dict:
         )
         for rule, include in RULES.items()
     }
-    harvest(c, progress, the_plan, observer=_BothRules(accs), eval_round=0)
+    # no store folders: the pass only feeds the accumulators (nothing of it is reused)
+    passing = the_plan._replace(keys={}, store_dirs={})
+    harvest(c, progress, passing, observer=_BothRules(accs))
     analysis = AnalysisConfig(profile=True, profile_blocks=cfg.profile_blocks)
     probes = {"logits": c.logit_probes, "fisher": c.fisher_probes}
     layers: dict = {}

@@ -115,7 +115,7 @@ def print_plan(
         f"min ({stages} s){'; the store would be reused' if reused else ''}"
     )
     if cfg.until_converged:
-        pool = 0 if the_plan.splits.rest is None else len(the_plan.splits.rest)
+        pool = the_plan.splits.n_rest
         most = min(cfg.max_eval_tokens, (len(the_plan.splits.eval) + pool) * cfg.seq_len)
         per_token = sec.get("harvest_eval", 0) / max(n_eval, 1)
         print(

@@ -23,7 +23,6 @@ from .measures.sigma import HEADLINE, SigmaEstimate, measure
 from .model.corpus import Splits
 
 MARGIN = 1.15  # a round asks this much over the tokens the last estimate said would do
-CALIBRATION = 16  # train sequences the outlier threshold is calibrated on, as the run's
 
 
 class Round(NamedTuple):
@@ -68,9 +67,9 @@ def _wanted(est: SigmaEstimate, tokens: int, target: float | None) -> int:
 
 def round_plan(the_plan: Plan, start: int, stop: int) -> Plan:
     """The plan of the round of pooled eval sequences [start, stop) beyond the run's."""
-    rest = the_plan.splits.rest
     layer = the_plan.layer
-    splits = Splits(the_plan.splits.train[:CALIBRATION], rest[start:stop], 0, None)
+    none = the_plan.splits.train[:0]  # no train split: a round is eval only
+    splits = Splits(none, the_plan.splits.rest(start, stop), 0)
     key = {**the_plan.key, "eval_round": [start, stop]}
     folder = the_plan.store_dir.parent / f"L{layer}-{key_digest(key)[:12]}"
     return the_plan._replace(
@@ -91,7 +90,9 @@ def until_converged(
     hcfg = the_plan.config
     seq_len = hcfg.seq_len
     n_run = len(the_plan.splits.eval)
-    pool = 0 if the_plan.splits.rest is None else len(the_plan.splits.rest)
+    pool = the_plan.splits.n_rest
+    # the run's outlier rule, calibrated once: every round leaves out what the run does
+    median_norms = {the_plan.layer: store.manifest["outliers"]["median_norm"]}
     cap = max(n_run, min(hcfg.max_eval_tokens // seq_len, n_run + pool))
     stores, rounds, done = [store], [], 0  # done: pooled sequences harvested in rounds
     batch = hcfg.batch_size or 1
@@ -134,7 +135,9 @@ def until_converged(
         plan_k = round_plan(the_plan, done, done + more)
         reused = (plan_k.store_dir / "manifest.json").is_file()  # an interrupted run's
         lm = None if reused else load_lm()
-        result = harvest(hcfg, progress, plan_k, eval_round=n_run + done, lm=lm)
+        result = harvest(
+            hcfg, progress, plan_k, eval_round=n_run + done, lm=lm, median_norms=median_norms
+        )
         stores.append(result.store)
         done += more
     return Rounds(stores, rounds, stopped)

@@ -103,6 +103,7 @@ def harvest(
     observer: EvalObserver | None = None,
     eval_round: int | None = None,
     lm: LoadedModel | None = None,
+    median_norms: dict[int, float] | None = None,
 ):
     """Run the model pass for cfg (or reuse finished, matching stores): one pass writes
     the store of every planned layer that has none yet, and hands the observer (if any)
@@ -110,14 +111,16 @@ def harvest(
     runs, for the observer. With eval_round (the index of the round's first sequence in
     the pooled eval sequences; --until-converged), only the eval split is harvested, its
     probes drawn as they would be at that index of one long eval split; lm: the model,
-    already loaded."""
+    already loaded; median_norms: each layer's median residual norm (the outlier rule's
+    calibration) from the run the round extends, instead of calibrating again. A plan
+    with no store folders only feeds the observer (the atlas)."""
     p = the_plan or plan(cfg)
     cfg = p.config  # device, dtype and batch size resolved
     found = {i: _existing(p.store_dirs[i], p.keys[i], cfg.repair) for i in p.store_dirs}
     stores = {i: store for i, (store, _) in found.items()}
     missing = [i for i, s in stores.items() if s is None]
     if not missing and observer is None:
-        return HarvestResult(stores[p.layer], reused=True, stores=stores)
+        return HarvestResult(stores.get(p.layer), reused=True, stores=stores)
     for i in missing:
         if p.store_dirs[i].exists():  # unfinished or damaged under --repair: redo it
             print(
@@ -135,8 +138,10 @@ def harvest(
 
     # Each layer's outlier threshold comes from the median norm of a fixed calibration batch.
     tapped = sorted({*missing, *(observer.layers if observer else ())})
-    calib = residuals_at(lm, tapped, p.splits.train[: max(cfg.batch_size, 16)])
-    median_norm = {i: float(calib[i].float()[:, 1:].norm(dim=-1).median()) for i in tapped}
+    median_norm = median_norms
+    if median_norm is None:
+        calib = residuals_at(lm, tapped, p.splits.train[: max(cfg.batch_size, 16)])
+        median_norm = {i: float(calib[i].float()[:, 1:].norm(dim=-1).median()) for i in tapped}
     thresholds = {i: cfg.outlier_factor * median_norm[i] for i in tapped}
     outputs = {
         i: _LayerOutput(p.store_dirs[i], thresholds[i], median_norm[i], p.source.d_model)
@@ -158,7 +163,7 @@ def harvest(
         manifest = _manifest(p, i, out, seconds, shared_with=missing)
         write_sealed_json(out.root / MANIFEST, manifest)
         stores[i] = Store(out.root)
-    return HarvestResult(stores[p.layer], reused=p.layer not in missing, lm=lm, stores=stores)
+    return HarvestResult(stores.get(p.layer), p.layer not in missing, lm=lm, stores=stores)
 
 
 def _manifest(p: Plan, layer: int, out: _LayerOutput, seconds: dict, shared_with) -> dict:

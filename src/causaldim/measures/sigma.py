@@ -389,7 +389,7 @@ def measure(
     and their eigendecompositions on device. A list of stores is read as one eval split."""
     cfg = cfg or AnalysisConfig()
     sums = accumulate(store, cfg, readings, device=device)
-    first = store[0] if isinstance(store, list) else store
+    first = _first(store)
     probes = probes_per_token(first.manifest["key"])
     order = available(first)  # each reading's seed as when all are measured
     found = {
@@ -405,7 +405,7 @@ def other_outlier_choice(
     """Each uncentred reading's corrected erank from the same eval tokens with the other
     choice of outliers (position 0 and large-norm tokens kept if the run leaves them out,
     or left out if it keeps them), within debias.LIGHT: how much the choice moves kappa."""
-    first = store[0] if isinstance(store, list) else store
+    first = _first(store)
     include = not cfg.include_outliers
     order = available(first)
     readings = tuple(r for r in order if r != "activations")
@@ -426,6 +426,11 @@ def other_outlier_choice(
             "converged": e.converged,
         }
     return found
+
+
+def _first(store: Store | list[Store]) -> Store:
+    """The run's own store, of a store or a run's store and its rounds."""
+    return store[0] if isinstance(store, list) else store
 
 
 def available(store: Store) -> list[str]:

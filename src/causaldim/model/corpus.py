@@ -58,9 +58,18 @@ class Splits(NamedTuple):
     train: torch.Tensor  # [n_train, seq_len] int64
     eval: torch.Tensor  # [n_eval, seq_len] int64
     n_available: int  # whole sequences the corpus gave before truncation to --tokens
-    # The sequences beyond --tokens, in the same seeded order: where --until-converged
-    # draws its further eval rounds from
-    rest: torch.Tensor | None = None
+    # Every sequence, and the order of those beyond --tokens (the same seeded order):
+    # where --until-converged draws its further eval rounds from, without a copy
+    pool: torch.Tensor | None = None
+    rest_order: torch.Tensor | None = None
+
+    @property
+    def n_rest(self) -> int:
+        return 0 if self.rest_order is None else len(self.rest_order)
+
+    def rest(self, start: int, stop: int) -> torch.Tensor:
+        """The sequences beyond --tokens, from start to stop in their order."""
+        return self.pool[self.rest_order[start:stop]]
 
 
 def describe_corpus(corpus: dict) -> str:
@@ -164,11 +173,11 @@ def load_corpus(spec: str, text_field: str = "text") -> Corpus:
         return Corpus(f"builtin:{spec}:{prose.PROSE[spec].pip_name}", texts, digest(texts))
     names = spec.split("+")
     if len(names) > 1 and not Path(spec).expanduser().exists():
-        unknown = [n for n in names if n != "builtin" and n not in prose.READERS]
+        unknown = [n for n in names if n not in BUILT_IN]
         if unknown or len(set(names)) < len(names):
             raise UsageError(
                 f"corpus {spec!r}: a mixture joins distinct built-in names with '+' "
-                f"(builtin, {', '.join(prose.READERS)}); {', '.join(unknown) or 'a repeat'} "
+                f"({', '.join(BUILT_IN)}); {', '.join(unknown) or 'a repeat'} "
                 "is not one"
             )
         parts = [load_corpus(n) for n in names]
@@ -299,7 +308,7 @@ def split(sequences: torch.Tensor, n_tokens: int, eval_fraction: float, seed: in
     order = torch.randperm(n_avail, generator=torch.Generator().manual_seed(seed))
     n_eval = min(max(1, round(n * eval_fraction)), n - 1)
     chosen = sequences[order[:n]]
-    return Splits(chosen[n_eval:], chosen[:n_eval], n_avail, sequences[order[n:]])
+    return Splits(chosen[n_eval:], chosen[:n_eval], n_avail, sequences, order[n:])
 
 
 # --- The corpus of a run, local or a hub dataset streamed up to the token budget ---------

@@ -140,10 +140,11 @@ def headline(doc: Doc, results: dict) -> None:
     d = results["store"]["model"]["d_model"]
     this, paper = conditions_lines(results)
     choice = [x for x in (outlier_choice(results), rounds_line(results)) if x]
+    kappa, *beside = direct_kappa(sigma, d)
     items = [
-        *direct_kappa(sigma, d)[:1],
+        kappa,
         *choice,
-        *direct_kappa(sigma, d)[1:],
+        *beside,
         f"Measured under these conditions. {this} {paper}",
     ]
     if a["estimable"]:
