@@ -318,7 +318,8 @@ RULES = (
         "scale_shape",
         "the AtP distribution's shape does not change with model scale",
         lambda p: "Gemma-2-9B and 2B alike",
-        "no width's KS p below 0.05 / widths (Bonferroni)",
+        "no width's KS p below 0.05 / widths (Bonferroni) with a KS above both models' "
+        "split-half KS (the within-model null, where recorded)",
         scale_shape,
     ),
 )
