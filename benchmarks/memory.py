@@ -22,34 +22,11 @@ import sys
 
 import torch
 
-from causaldim.devices import resolve_device, resolve_dtype
+from causaldim.devices import peak_bytes, reset_peak, resolve_device, resolve_dtype
 from causaldim.harvest.model_pass import grads_at
 from causaldim.memory import model_pass_memory, sae_training_bytes
 from causaldim.model.corpus import load_corpus, tokenize
 from causaldim.model.load import load_model, resolve_model, skeleton
-
-
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        line = next(line for line in f if line.startswith(field + ":"))
-    return int(line.split()[1]) * 1024  # kB
-
-
-def reset_peak(device: torch.device) -> int:
-    """Restart the peak count; the bytes in use now."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        return torch.cuda.memory_allocated(device)
-    with open("/proc/self/clear_refs", "w") as f:  # Linux: resets the peak resident set
-        f.write("5")
-    return _status("VmRSS")
-
-
-def peak_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    return _status("VmHWM")
 
 
 def measure(args) -> dict:

@@ -26,8 +26,9 @@ def table() -> str:
     from causaldim.costs import disk_bytes
     from causaldim.devices import planning_for
     from causaldim.harvest.plan import plan
-    from causaldim.memory import HEADROOM, SCORE_ROW_BYTES, sae_training_bytes
+    from causaldim.memory import HEADROOM, SCORE_ROW_BYTES, sae_training_bytes, step_entries
     from causaldim.presets import preset_configs
+    from causaldim.sae.optim import moment_bytes
 
     harvest, sweep, _ = preset_configs("paper", out="/nonexistent/causaldim-memory-guide")
     with planning_for("h200"):
@@ -40,14 +41,25 @@ def table() -> str:
     widest = max(sweep.widths)
 
     def training(width: int) -> float:
-        return sae_training_bytes(d, width, sweep.batch_tokens, sweep.sae_dtype) / GIB
+        per_token = step_entries(sweep.k, sweep.architectures)
+        need = sae_training_bytes(
+            d, width, sweep.batch_tokens, sweep.sae_dtype, sweep.optimizer, per_token
+        )
+        return need / GIB
 
     fits = [name for name, gib in GPUS.items() if training(widest) <= HEADROOM * gib]
     trained = ", ".join(f"{_short(w)} {training(w):,.1f} GiB" for w in (16_384, 131_072, widest))
     disk = disk_bytes(p, sweep)
     planned = (len(p.splits.train) + len(p.splits.eval)) * harvest.seq_len
     store = disk["store"] * harvest.tokens / planned  # the paper's tokens, from a hub corpus
-    checkpoint = 3 * 4 * (2 * d + 3) * widest
+    _, moments = moment_bytes(sweep.optimizer)
+    checkpoint = ((4 + moments) * 2 * d + 3 * 4 * 3) * widest  # as costs.disk_bytes counts
+    per_weight = (
+        "about 2 d m x 16 bytes (float32 weights, gradients, two Adam moments)"
+        if sweep.optimizer == "adam"
+        else "about 2 d m x 10 bytes with `--optimizer lean` (float32 weights and second "
+        "moments, bfloat16 first moments), gradients only for the features a step names"
+    )
     rows = [
         ("what", "memory"),
         ("---", "---"),
@@ -59,8 +71,8 @@ def table() -> str:
         ),
         (
             "training an SAE of width m",
-            "about 2 d m x 16 bytes (weights, gradients, two Adam moments) and the batch: "
-            f"{trained} ({' and '.join(fits) or 'none of these'} at the widest)",
+            f"{per_weight}, and the batch: {trained} "
+            f"({' and '.join(fits) or 'none of these'} at the widest)",
         ),
         (
             f"scoring the {_short(widest)}-wide SAE",

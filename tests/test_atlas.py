@@ -44,8 +44,13 @@ def test_every_cell_layer_rule_and_reading_is_a_row(atlas_run):
             assert float(r["low"]) <= float(r["kappa"]) <= float(r["high"])
         else:  # below the floor: no value, the tokens that would do
             assert r["converged"] == "False" and int(r["eval_tokens_needed"]) > 0
+    for path in cells:  # the plan made as the cell began, beside what it measured
+        cell = read_sealed_json(path, "cell")
+        assert cell["planned"]["seconds"] > 0 and cell["planned"]["memory_bytes"] > 0
+        assert cell["memory"]["peak"] >= cell["memory"]["in_use_before"] > 0
     md = (out / "atlas.md").read_text()
     assert "causaldim atlas --models" in md and "## What moves kappa" in md
+    assert "minutes: planned, measured" in md
     assert (out / "atlas.png").stat().st_size > 10_000
 
 

@@ -211,3 +211,31 @@ def test_a_dry_run_plans_for_a_gpu_this_machine_does_not_have(
     assert cli.main([*args, "--device", "cpu", "--dry-run", "--plan-for", "h100"]) == 2
     assert not out.exists()
     assert devices.planned() is None  # the plan's GPU is gone once the dry run ends
+
+
+def test_the_paper_preset_plans_its_widest_sae_and_its_own_data_on_an_h100(
+    tmp_path, capsys, monkeypatch
+):
+    """Gemma-2-2B's 1,048,576-wide SAE fits an 80 GB card with the lean optimiser, and the
+    plan states the paper's 8.4M tokens beside the built-in corpus's."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # planned from the model's known shape
+    args = ["run", "--preset", "paper", "--out", str(tmp_path / "run")]
+    assert cli.main([*args, "--device", "cuda", "--dry-run", "--plan-for", "h100"]) == 0
+    printed = capsys.readouterr().out
+    assert "would stop: training" not in printed
+    assert "(lean optimiser)" in printed
+    assert "with all 8,388,608 tokens --tokens asks" in printed
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_sae_adam_cannot_train_names_the_lean_optimiser_where_it_fits(monkeypatch):
+    d, width, tokens = 2304, 1 << 20, 4096
+    adam = memory.sae_training_bytes(d, width, tokens, "bfloat16", "adam", 128)
+    lean = memory.sae_training_bytes(d, width, tokens, "bfloat16", "lean", 128)
+    assert lean < 0.8 * adam
+    free = (lean + adam) / 2 / memory.HEADROOM
+    monkeypatch.setattr(memory, "memory", lambda device: (free, free))
+    widths = [1 << 14, 1 << 17, width]
+    with pytest.raises(UsageError, match="the widest that fits is 131,072; use --optimizer lean"):
+        memory.check_sae_training(d, widths, tokens, "bfloat16", "cuda", 0, "adam", 128)
+    memory.check_sae_training(d, widths, tokens, "bfloat16", "cuda", 0, "lean", 128)

@@ -56,6 +56,7 @@ CASES = [
             ("architectures", ["relu"]),
             ("k", 4),
             ("sae_dtype", "bfloat16"),
+            ("optimizer", "lean"),
             ("epochs", 1),
             ("lr", 0.01),
             ("batch_tokens", 128),

@@ -19,7 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+import torch
+
 from .config import AnalysisConfig, HarvestConfig
+from .devices import peak_bytes, reset_peak
 from .errors import UsageError
 from .fileio import read_sealed_json, write_sealed_json
 from .harvest import harvest, plan
@@ -112,8 +115,11 @@ class _BothRules:
 
 def run_cell(cfg: AtlasConfig, cell: Cell, the_plan, progress: bool) -> dict:
     """One cell: its pass, every layer under both rules, as cells/NAME.json holds it."""
-    t0 = time.perf_counter()
     c = the_plan.config
+    planned = estimate(cfg, the_plan)
+    t0 = time.perf_counter()
+    device = torch.device(c.device)
+    in_use = reset_peak(device)
     readings = profile.profile_readings(c.logit_probes, c.fisher_probes)
     accs = {
         rule: profile.Accumulator(
@@ -150,6 +156,9 @@ def run_cell(cfg: AtlasConfig, cell: Cell, the_plan, progress: bool) -> dict:
         "eval_tokens": len(the_plan.splits.eval) * c.seq_len,
         "layers": layers,
         "seconds": time.perf_counter() - t0,
+        # beside the plan made at the cell's start, for the dry run's honesty
+        "memory": {"in_use_before": in_use, "peak": peak_bytes(device)},
+        "planned": {"seconds": planned.seconds, "memory_bytes": planned.memory_bytes},
     }
 
 
@@ -207,29 +216,44 @@ def write(cfg: AtlasConfig, cells: list[dict], command: str) -> list[Path]:
     return [*paths, out / "atlas.md"]
 
 
+class CellCost(NamedTuple):
+    seconds: float
+    pass_bytes: int  # the model pass, its weights included
+    sums_bytes: int  # the profile sums of both rules
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.pass_bytes + self.sums_bytes
+
+
+def estimate(cfg: AtlasConfig, the_plan) -> CellCost:
+    """A cell's time and peak memory as planned (speeds measured here, now)."""
+    from .config import SweepConfig
+    from .costs import estimate as plan_costs
+
+    analysis = AnalysisConfig(profile=True, profile_blocks=cfg.profile_blocks)
+    est = plan_costs(the_plan, SweepConfig(widths=[16], sae_dtype="float32"), analysis)
+    sec, mem = est["seconds"], est["memory"]
+    seconds = (
+        sec["start"]
+        + sec["harvest_eval"]
+        + len(RULES) * sec["profile"]
+        + sec.get("convert_gguf_once", 0.0)
+    )
+    return CellCost(seconds, mem["model_pass_bytes"], len(RULES) * mem["profile_sums_bytes"])
+
+
 def dry_run(cfg: AtlasConfig) -> None:
     """Each cell's plan: tokens, memory of its sums and pass, and time, measured here."""
-    from .config import SweepConfig
-    from .costs import estimate
-
     total = 0.0
     for cell, the_plan in plans(cfg).items():
-        analysis = AnalysisConfig(profile=True, profile_blocks=cfg.profile_blocks)
-        est = estimate(the_plan, SweepConfig(widths=[16], sae_dtype="float32"), analysis)
-        sec = est["seconds"]
-        seconds = (
-            sec["start"]
-            + sec["harvest_eval"]
-            + len(RULES) * sec["profile"]
-            + sec.get("convert_gguf_once", 0.0)
-        )
-        total += seconds
-        mem = est["memory"]
-        sums = len(RULES) * mem["profile_sums_bytes"]
+        cost = estimate(cfg, the_plan)
+        total += cost.seconds
         print(
-            f"cell {cell.name}: {est['tokens']['eval']:,} eval tokens, {the_plan.source.n_layers} "
-            f"layers; memory {(mem['model_pass_bytes'] + sums) / 2**30:,.1f} GiB (the pass "
-            f"{mem['model_pass_bytes'] / 2**30:,.1f}, the sums of both rules "
-            f"{sums / 2**30:,.1f}); about {seconds / 60:,.1f} min"
+            f"cell {cell.name}: {len(the_plan.splits.eval) * the_plan.config.seq_len:,} eval "
+            f"tokens, {the_plan.source.n_layers} layers; memory "
+            f"{cost.memory_bytes / 2**30:,.1f} GiB (the pass {cost.pass_bytes / 2**30:,.1f}, "
+            f"the sums of both rules {cost.sums_bytes / 2**30:,.1f}); about "
+            f"{cost.seconds / 60:,.1f} min"
         )
     print(f"atlas: {len(cfg.cells())} cells, about {total / 60:,.0f} min in all; nothing written")

@@ -22,7 +22,7 @@ from .executors import executor_for
 from .harvest import Plan, plan
 from .measures import profile
 from .measures.analysis import MIN_WIDTHS
-from .memory import HEADROOM, check_sae_training
+from .memory import HEADROOM, check_sae_training, step_entries
 from .model.corpus import budget_tokens
 from .model.sites import NotABlockOutput, equivalents
 from .presets import PRESETS, unused_settings
@@ -105,6 +105,8 @@ def check(
             sweep_cfg.sae_dtype,
             device,
             beside=main.pass_memory.weights,
+            optimizer=sweep_cfg.optimizer,
+            entries_per_token=step_entries(sweep_cfg.k, sweep_cfg.architectures),
         )
     trained = sweep_cfg.epochs * main.splits.train.numel()
     if sweep_cfg.dead_tokens and sweep_cfg.dead_tokens >= trained and not sweep_cfg.imports:

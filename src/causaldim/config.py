@@ -11,6 +11,7 @@ from pathlib import Path
 from .errors import UsageError
 from .executors import EXECUTORS
 from .sae import ARCHITECTURES
+from .sae.optim import OPTIMIZERS
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
 DTYPE_CHOICES = ("auto", *COMPUTE_DTYPES)
@@ -371,6 +372,13 @@ class SweepConfig:
         "float32); 'auto': bfloat16 on GPUs fast at it, float32 elsewhere.",
         choices=DTYPE_CHOICES,
     )
+    optimizer: str = _opt(
+        "adam",
+        "SAE optimiser: 'adam' (torch's Adam: float32 weights, gradients and both moments, "
+        "16 bytes a weight) or 'lean' (the same update from sparse row gradients, first "
+        "moments in bfloat16: 10 bytes a weight), for widths past the device's memory.",
+        choices=OPTIMIZERS,
+    )
     epochs: int = _opt(3, "Passes over the train split per SAE.")
     lr: float = _opt(1e-3, "Adam learning rate (falls linearly to 0 over the last 20%).")
     batch_tokens: int = _opt(1024, "Tokens per training step.")
@@ -479,6 +487,8 @@ class SweepConfig:
             raise UsageError("--lr must be positive")
         if self.sae_dtype not in DTYPE_CHOICES:
             raise UsageError(f"--sae-dtype must be one of {', '.join(DTYPE_CHOICES)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise UsageError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}")
 
     def dead_tokens_for(self, trained_tokens: int) -> int:
         """--dead-tokens, or its default for SAEs that train on this many tokens."""

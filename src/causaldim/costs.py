@@ -21,8 +21,9 @@ from .config import AnalysisConfig, SweepConfig
 from .devices import describe, planned
 from .harvest import Plan
 from .measures import debias, profile
-from .memory import dense_batch_tokens, sae_training_bytes
+from .memory import dense_batch_tokens, sae_training_bytes, step_entries
 from .model.load import decoder_layers, skeleton
+from .sae.optim import moment_bytes
 
 # The share of the calibrated speed whole stages reach, and a stage's seconds per
 # eigendecomposition over the calibration's, fitted to the stages of the smoke and default
@@ -172,7 +173,7 @@ def parameter_counts(the_plan: Plan) -> dict[str, int]:
 
 def disk_bytes(the_plan: Plan, sweep: SweepConfig | None) -> dict[str, int]:
     """Bytes the run writes: every planned layer's store, and the SAEs of the sweep, if
-    any (checkpoints hold about twice an SAE's weights, one SAE at a time)."""
+    any (and the checkpoint of one SAE at a time: its weights and moments)."""
     cfg = the_plan.config
     d, seq = the_plan.source.d_model, cfg.seq_len
     n_train, n_eval = len(the_plan.splits.train) * seq, len(the_plan.splits.eval) * seq
@@ -186,7 +187,9 @@ def disk_bytes(the_plan: Plan, sweep: SweepConfig | None) -> dict[str, int]:
         return {"store": store, "saes": 0, "total": store}
     width_sum = sum(sweep.widths) * len(sweep.architectures)
     sae = 4 * (2 * d + 3) * width_sum  # W_enc, W_dec, biases and thresholds, float32
-    sae += 3 * 4 * (2 * d + 3) * max(sweep.widths)  # the largest one's checkpoint
+    # the largest one's checkpoint: its weights and the optimiser's moments
+    _, moments = moment_bytes(sweep.optimizer)
+    sae += ((4 + moments) * 2 * d + 3 * 4 * 3) * max(sweep.widths)
     return {"store": store, "saes": sae, "total": store + sae}
 
 
@@ -377,8 +380,14 @@ def memory_plan(the_plan: Plan, sweep: SweepConfig, analysis: AnalysisConfig) ->
         "model_batch_size": cfg.batch_size,
         "model_pass_bytes": need.weights + cfg.batch_size * need.per_sequence,
         "widest_sae_training_bytes": sae_training_bytes(
-            d, widest, sweep.batch_tokens, sweep.sae_dtype
+            d,
+            widest,
+            sweep.batch_tokens,
+            sweep.sae_dtype,
+            sweep.optimizer,
+            step_entries(sweep.k, sweep.architectures),
         ),
+        "sae_optimizer": sweep.optimizer,
         "widest_sae_score_tokens": dense_batch_tokens(d, widest, analysis.read_tokens, device),
         "profile_sums_bytes": profile.sums_bytes(
             the_plan.source.n_layers,

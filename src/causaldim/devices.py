@@ -138,6 +138,31 @@ def memory(device: torch.device) -> tuple[int, int]:
     return total, free
 
 
+def _proc_status(field: str) -> int:
+    with open("/proc/self/status") as f:
+        line = next(line for line in f if line.startswith(field + ":"))
+    return int(line.split()[1]) * 1024  # kB
+
+
+def reset_peak(device: torch.device) -> int:
+    """Restart the count of peak memory; the bytes in use now (on the CPU the process's
+    resident set, Linux only)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return torch.cuda.memory_allocated(device)
+    with open("/proc/self/clear_refs", "w") as f:  # Linux: resets the peak resident set
+        f.write("5")
+    return _proc_status("VmRSS")
+
+
+def peak_bytes(device: torch.device) -> int:
+    """The peak since reset_peak: torch's allocated bytes on a GPU, the resident set here."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return _proc_status("VmHWM")
+
+
 def describe(device: torch.device) -> str:
     total, free = memory(device)
     name = "CPU"

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from .checks import check
 from .config import AnalysisConfig, HarvestConfig, SweepConfig
-from .costs import estimate
+from .costs import Rates, estimate
 from .devices import planned, planning_for
 from .harvest import Plan
 from .harvest.plan import CHARS_PER_TOKEN
+from .model.corpus import as_if_whole
 from .model.sites import describe as describe_site
 
 
@@ -92,7 +93,8 @@ def print_plan(
         f"{mem['model_bytes_per_sequence'] / gib:,.2f} GiB per sequence x batch "
         f"{mem['model_batch_size']} = {mem['model_pass_bytes'] / gib:,.2f} GiB (usable: "
         f"{mem['usable_bytes'] / gib:,.1f} GiB); training the widest SAE "
-        f"{mem['widest_sae_training_bytes'] / gib:,.2f} GiB; scoring it "
+        f"{mem['widest_sae_training_bytes'] / gib:,.2f} GiB ({mem['sae_optimizer']} "
+        "optimiser); scoring it "
         f"{mem['widest_sae_score_tokens']:,} tokens at a time"
     )
     if analysis_cfg.profile:
@@ -130,3 +132,23 @@ def print_plan(
             "  a lower bound on a GPU: its stated peak matmul speed, not timed; the many "
             "small eigendecompositions, attention and data movement reach far less of it"
         )
+    if (n_train + n_eval) < cfg.tokens - cfg.seq_len:
+        print_whole(the_plan, sweep_cfg, analysis_cfg, est["rates"])
+
+
+def print_whole(the_plan: Plan, sweep_cfg, analysis_cfg, rates: dict) -> None:
+    """Time and disk for the --tokens the corpus is short of (a hub corpus would give
+    them), at the same speeds; memory does not grow with tokens."""
+    cfg = the_plan.config
+    whole = the_plan._replace(splits=as_if_whole(the_plan.splits, cfg.tokens, cfg.eval_fraction))
+    est = estimate(whole, sweep_cfg, analysis_cfg, Rates(**rates))
+    sec, disk = est["seconds"], est["disk_bytes"]
+    slowest = sorted((v, k) for k, v in sec.items() if k != "total")[-3:][::-1]
+    stages = ", ".join(f"{k} {v / 60:,.0f}" for v, k in slowest)
+    gb = {k: f"{v / 1e9:,.1f} GB" for k, v in disk.items()}
+    print(
+        f"with all {cfg.tokens:,} tokens --tokens asks (a hub --corpus gives them; this "
+        f"corpus is short): {est['tokens']['train']:,} train, {est['tokens']['eval']:,} eval; "
+        f"time about {sec['total'] / 3600:,.1f} h ({stages} min, the longest stages); disk: "
+        f"store {gb['store']}, SAEs {gb['saes']}, total {gb['total']}; memory as above"
+    )

@@ -12,6 +12,7 @@ measurements; benchmarks/memory.py compares them with measured peaks.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -23,6 +24,9 @@ HEADROOM = 0.85  # of free memory planned for: allocator slack, the CUDA context
 CPU_BATCH = 8  # sequences per model batch on a CPU: more buys no speed there
 MAX_BATCH = 256
 SCORE_ROW_BYTES = 17  # per token and feature: f, g.D, |f g.D| in float32, and the firing mask
+# Entries a lean training step keeps per token, per unit of k (TopK: k, and AuxK's dead
+# features; JumpReLU: those that fire and those in the window below the bar)
+ENTRIES_PER_K = 2.0
 
 
 def element_bytes(dtype: str) -> int:
@@ -92,32 +96,99 @@ def model_batch_size(need: ModelPassMemory, device: torch.device, n_sequences: i
     return max(1, min(fits, cap, n_sequences))
 
 
-def sae_training_bytes(d: int, width: int, batch_tokens: int, sae_dtype: str) -> int:
-    """Peak bytes of training one SAE: each weight, its gradient and both Adam moments in
-    float32, the encoder cast to sae_dtype, the batch and one block of pre-activations."""
+def step_entries(k: int, architectures: list[str]) -> float:
+    """Entries a training step keeps per token, at most over the architectures: TopK's k
+    and AuxK's picks among dead features; JumpReLU's and ReLU's about ENTRIES_PER_K x k."""
+    from .sae.train import TrainSettings
+
+    per = {"topk": k + TrainSettings().aux_k}
+    return max(per.get(a, ENTRIES_PER_K * k) for a in architectures)
+
+
+def sae_training_bytes(
+    d: int,
+    width: int,
+    batch_tokens: int,
+    sae_dtype: str,
+    optimizer: str = "adam",
+    entries_per_token: float = 64.0,
+) -> int:
+    """Peak bytes of training one SAE: its float32 weights and what the optimiser keeps
+    beside each (Adam: a gradient and two float32 moments; lean: a bfloat16 and a float32
+    moment, and gradients only on the rows a step names), the encoder cast to sae_dtype,
+    the batch, one block of pre-activations and the lean update's block of temporaries."""
+    from .sae.optim import BLOCK_ELEMENTS, moment_bytes
     from .sae.sparse import PRE_CHUNK_ELEMENTS
 
-    n_weights = 2 * d * width + 2 * width + d
-    state = 4 * 4 * n_weights + element_bytes(sae_dtype) * d * width
+    matrices, vectors = 2 * d * width, 3 * width + d  # vectors: biases and thresholds
+    grad, moments = moment_bytes(optimizer)
+    state = (4 + grad + moments) * matrices + 16 * vectors
+    if optimizer == "lean":
+        # the features a step names: at most its entries, and (firing spread evenly, the
+        # most distinct a number of entries can name) width (1 - exp(-entries / width))
+        rows = width * -math.expm1(-entries_per_token * batch_tokens / width)
+        state += int(2 * 4 * rows * d) + 4 * 4 * BLOCK_ELEMENTS  # W_enc_t's and W_dec's rows
+    cast = 0 if sae_dtype == "float32" else element_bytes(sae_dtype) * d * width
     pre = PRE_CHUNK_ELEMENTS * (element_bytes(sae_dtype) + 4)
-    return state + 8 * batch_tokens * d * 4 + pre
+    return state + cast + 8 * batch_tokens * d * 4 + pre
 
 
 def check_sae_training(
-    d: int, widths: list[int], batch_tokens: int, sae_dtype: str, device, beside: int = 0
+    d: int,
+    widths: list[int],
+    batch_tokens: int,
+    sae_dtype: str,
+    device,
+    beside: int = 0,
+    optimizer: str = "adam",
+    entries_per_token: float = 64.0,
 ):
     """UsageError naming the fix if the widest SAE cannot be trained on device next to
     `beside` bytes held there (the model's weights, kept for splicing)."""
     width = max(widths)
-    need = sae_training_bytes(d, width, batch_tokens, sae_dtype)
+    need = sae_training_bytes(d, width, batch_tokens, sae_dtype, optimizer, entries_per_token)
     free = memory(device)[1]
-    if need + beside > HEADROOM * free:
-        raise UsageError(
-            f"training the {width:,}-wide SAE needs about {_gib(need)} GiB on {device} "
-            f"(float32 weights, gradients and Adam moments) beside {_gib(beside)} GiB of "
-            f"model weights, and it has {_gib(free)} GiB free; drop that width from "
-            "--widths, load trained SAEs with --sae-paths, or use a device with more memory"
-        )
+    if need + beside <= HEADROOM * free:
+        return
+    budget = HEADROOM * free - beside
+    fits = widest_that_fits(
+        d, widths, batch_tokens, sae_dtype, optimizer, entries_per_token, budget
+    )
+    what = (
+        "float32 weights, gradients and Adam moments"
+        if optimizer == "adam"
+        else "float32 weights and second moments, bfloat16 first moments, row gradients"
+    )
+    lean = sae_training_bytes(d, width, batch_tokens, sae_dtype, "lean", entries_per_token)
+    lean_fits = lean <= budget
+    fix = "--optimizer lean (the same Adam update in about 10 bytes a weight, not 16), " * (
+        optimizer == "adam" and lean_fits
+    )
+    widest = f"the widest that fits is {fits:,}; " if fits else ""
+    raise UsageError(
+        f"training the {width:,}-wide SAE needs about {_gib(need)} GiB on {device} ({what}) "
+        f"beside {_gib(beside)} GiB of model weights, and it has {_gib(free)} GiB free; "
+        f"{widest}use {fix}drop that width from --widths, load trained SAEs with "
+        "--sae-paths, or use a device with more memory"
+    )
+
+
+def widest_that_fits(
+    d: int,
+    widths: list[int],
+    batch_tokens: int,
+    sae_dtype: str,
+    optimizer: str,
+    entries_per_token: float,
+    budget: float,
+) -> int | None:
+    """The widest of widths whose training fits in budget bytes, or None."""
+    fitting = [
+        w
+        for w in widths
+        if sae_training_bytes(d, w, batch_tokens, sae_dtype, optimizer, entries_per_token) <= budget
+    ]
+    return max(fitting, default=None)
 
 
 def dense_batch_tokens(d: int, width: int, wanted: int, device: torch.device) -> int:

@@ -1,5 +1,6 @@
 """The sparse training step of every architecture against the simple dense definition:
-same loss, same gradients (encoder, decoder, biases, thresholds)."""
+same loss, same gradients (encoder, decoder, biases, thresholds) as the optimiser gets
+them (decoder gradients along their unit rows dropped), dense or as sparse rows."""
 
 from __future__ import annotations
 
@@ -42,17 +43,23 @@ def dense_threshold_loss(sae, x, coef):
     return mse + coef * penalty.mean()
 
 
-def sparse_loss(sae, x, coef=0.1, dead=None, k_aux=8, dtype=torch.float32):
+def sparse_loss(sae, x, coef=0.1, dead=None, k_aux=8, dtype=torch.float32, rows=False):
     """Every architecture's step through the one signature; coef weighs its side loss
-    (TopK's AuxK, the threshold SAEs' sparsity penalty)."""
-    out = sae.train_forward(x, sparse.StepInputs(dtype, coef, dead, k_aux, coef))
+    (TopK's AuxK, the threshold SAEs' sparsity penalty); rows: sparse row gradients."""
+    step = sparse.StepInputs(dtype, coef, dead, k_aux, coef, sparse_grads=rows)
+    out = sae.train_forward(x, step)
     return (out.x_hat - x).pow(2).sum(-1).mean() + out.side_loss
 
 
 def grads(sae, loss):
+    """The gradients the optimiser is given (dense, whichever way they came)."""
     sae.zero_grad(set_to_none=True)
     loss.backward()
-    return {name: p.grad.clone() for name, p in sae.named_parameters()}
+    sae.remove_parallel_grad()
+    return {
+        name: (p.grad.to_dense() if p.grad.is_sparse else p.grad).clone()
+        for name, p in sae.named_parameters()
+    }
 
 
 def off_the_symmetric_start(arch: str, seed: int = 0):
@@ -87,28 +94,52 @@ def blocks(request, monkeypatch):
         monkeypatch.setattr(sparse, "PRE_CHUNK_ELEMENTS", WIDTH * request.param)
 
 
+rows = pytest.mark.parametrize("rows", [False, True], ids=["dense grads", "row grads"])
+
+
+@rows
 @pytest.mark.parametrize("with_dead", [False, True])
-def test_topk_step_equals_the_dense_definition(with_dead, blocks):
+def test_topk_step_equals_the_dense_definition(with_dead, rows, blocks):
     sae = off_the_symmetric_start("topk")
     x = torch.randn(700, D)
     dead = (torch.arange(WIDTH) % 3 == 0) if with_dead else None
     assert_same_loss_and_grads(
         sae,
         lambda: dense_topk_loss(sae, x, dead, 8, 1 / 32),
-        lambda: sparse_loss(sae, x, 1 / 32, dead, 8),
+        lambda: sparse_loss(sae, x, 1 / 32, dead, 8, rows=rows),
     )
 
 
+@rows
 @pytest.mark.parametrize("arch", ["relu", "jumprelu"])
-def test_threshold_step_equals_the_dense_definition(arch, blocks):
+def test_threshold_step_equals_the_dense_definition(arch, rows, blocks):
     sae = off_the_symmetric_start(arch)
     x = torch.randn(700, D)
     with torch.no_grad():
         l0 = float((sae.encode(x) > 0).sum(-1).float().mean())
     assert 2 < l0 < WIDTH / 2  # sparse, and not empty: the comparison means something
     assert_same_loss_and_grads(
-        sae, lambda: dense_threshold_loss(sae, x, 0.1), lambda: sparse_loss(sae, x, 0.1)
+        sae,
+        lambda: dense_threshold_loss(sae, x, 0.1),
+        lambda: sparse_loss(sae, x, 0.1, rows=rows),
     )
+
+
+@pytest.mark.parametrize("arch", ["topk", "relu", "jumprelu"])
+def test_row_gradients_hold_only_the_rows_a_step_named(arch):
+    """No dense [width, d] gradient: the matrices' gradients are sparse, with exactly the
+    features that fired (and, for JumpReLU, those in the window below the bar)."""
+    sae = off_the_symmetric_start(arch)
+    x = torch.randn(6, D)  # few tokens: most features go unnamed
+    sae.zero_grad(set_to_none=True)
+    out = sae.train_forward(x, sparse.StepInputs(sparsity_coef=0.1, sparse_grads=True))
+    ((out.x_hat - x).pow(2).sum() + out.side_loss).backward()
+    named = torch.unique(out.idx[out.vals != 0])
+    for p in (sae.W_enc_t, sae.W_dec):
+        assert p.grad.is_sparse
+        rows = p.grad.coalesce().indices()[0]
+        assert len(rows) < WIDTH
+        assert set(named.tolist()) <= set(rows.tolist())
 
 
 def test_tokens_without_any_active_feature_decode_to_b_dec():

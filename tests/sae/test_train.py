@@ -20,12 +20,15 @@ def planted_data(n: int, seed: int = 0):
     return coef @ atoms + 0.3, atoms  # an offset, so that b_dec has work to do
 
 
+@pytest.mark.parametrize("optimizer", ["adam", "lean"])
 @pytest.mark.parametrize("arch", ["topk", "jumprelu", "relu"])
-def test_architecture_recovers_planted_atoms(arch):
+def test_architecture_recovers_planted_atoms(arch, optimizer):
     x, atoms = planted_data(40_000)
     cfg = SAEConfig(arch, D, width=96, k=ACTIVE if arch == "topk" else None)
     sae = build(cfg)
-    settings = TrainSettings(lr=3e-3, epochs=6, target_l0=ACTIVE, dead_tokens=20_000)
+    settings = TrainSettings(
+        lr=3e-3, epochs=6, target_l0=ACTIVE, dead_tokens=20_000, optimizer=optimizer
+    )
     batch = 1000
 
     def batches():

@@ -95,6 +95,7 @@ def _settings(cfg: SweepConfig, seed: int, device: torch.device, trained: int) -
         dead_tokens=cfg.dead_tokens_for(trained),
         seed=seed,
         compute_dtype=resolve_dtype(cfg.sae_dtype, device),
+        optimizer=cfg.optimizer,
     )
 
 

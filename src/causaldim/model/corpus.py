@@ -311,6 +311,19 @@ def split(sequences: torch.Tensor, n_tokens: int, eval_fraction: float, seed: in
     return Splits(chosen[n_eval:], chosen[:n_eval], n_avail, sequences, order[n:])
 
 
+def as_if_whole(splits: Splits, n_tokens: int, eval_fraction: float) -> Splits:
+    """Splits of the size a corpus of n_tokens or more would give, for planning only: their
+    rows hold no tokens (meta tensors), so that costs can be stated for data not here."""
+    seq_len = splits.train.shape[1]
+    n = max(n_tokens // seq_len, 2)
+    n_eval = min(max(1, round(n * eval_fraction)), n - 1)
+
+    def rows(k: int) -> torch.Tensor:
+        return torch.empty(k, seq_len, dtype=torch.int64, device="meta")
+
+    return Splits(rows(n - n_eval), rows(n_eval), n)
+
+
 # --- The corpus of a run, local or a hub dataset streamed up to the token budget ---------
 
 

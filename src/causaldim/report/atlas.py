@@ -154,8 +154,9 @@ def markdown(cfg: dict, cells: list[dict], table: list[dict], command: str) -> s
         "## Cells",
         "",
         "| model | corpus | seq | eval tokens | headline kappa / d, median over layers "
-        "(range) | layers converged | seconds |",
-        "| --- | --- | ---: | ---: | --- | ---: | ---: |",
+        "(range) | layers converged | minutes: planned, measured | memory GiB: planned, "
+        "peak |",
+        "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: |",
     ]
     for c in cells:
         cell = c["cell"]
@@ -175,7 +176,7 @@ def markdown(cfg: dict, cells: list[dict], table: list[dict], command: str) -> s
         converged = sum(1 for r in mine if r["converged"])
         lines.append(
             f"| {cell['model']} | {cell['corpus']} | {cell['seq_len']} | {c['eval_tokens']:,} | "
-            f"{said} | {converged} of {len(mine)} | {c['seconds']:,.0f} |"
+            f"{said} | {converged} of {len(mine)} | {_cost(c)} |"
         )
     lines += ["", "## What moves kappa (the headline reading, medians of matched ratios)", ""]
     head, out = {"reading": HEADLINE}, {"outliers": "left out"}
@@ -206,6 +207,12 @@ def markdown(cfg: dict, cells: list[dict], table: list[dict], command: str) -> s
             for claim, shown, verdict, why in claims(cells)
         ),
     ]
+    lines += [
+        "",
+        "Planned: the dry run's figures, made as the cell began (`causaldim atlas --dry-run` "
+        "prints them). Peak: the process's resident memory above what it held before the "
+        "cell, the model's weights included (n/a: a cell measured before peaks were kept).",
+    ]
     unconverged = [r for r in table if r["reading"] == HEADLINE and r["converged"] is False]
     if unconverged:
         need = max(r["eval_tokens_needed"] or 0 for r in unconverged)
@@ -215,6 +222,19 @@ def markdown(cfg: dict, cells: list[dict], table: list[dict], command: str) -> s
             f"{need:,} eval tokens a cell would do at all of them (`--eval-tokens`).",
         ]
     return "\n".join(lines) + "\n"
+
+
+def _cost(cell: dict) -> str:
+    """The cell's planned and measured minutes, planned and peak memory."""
+    planned, memory = cell.get("planned"), cell.get("memory")
+    minutes = f"{cell['seconds'] / 60:,.1f}"
+    if planned is None or memory is None:
+        return f"n/a, {minutes} | n/a"
+    peak = (memory["peak"] - memory["in_use_before"]) / 2**30
+    return (
+        f"{planned['seconds'] / 60:,.1f}, {minutes} | "
+        f"{planned['memory_bytes'] / 2**30:,.1f}, {peak:,.1f}"
+    )
 
 
 def _run_at(cell: dict, layer: str) -> tuple[str, dict]:

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+ROW_BLOCK_ELEMENTS = 1 << 24  # decoder rows gathered at once to project sparse gradients
+
 
 @dataclass
 class SAEConfig:
@@ -101,10 +103,20 @@ class SAE(nn.Module):
     def remove_parallel_grad(self) -> None:
         """Keep decoder rows on the unit sphere: drop the gradient along each row (the rows
         are unit vectors already: `reset` and `normalize_decoder` keep them so)."""
-        if self.W_dec.grad is None:
+        grad = self.W_dec.grad
+        if grad is None:
             return
-        along = torch.linalg.vecdot(self.W_dec.grad, self.W_dec, dim=1)
-        self.W_dec.grad.addcmul_(along[:, None], self.W_dec, value=-1)
+        if grad.is_sparse:  # the rows some entry named (sae/sparse.py, sparse_grads)
+            grad = grad.coalesce()
+            rows, values = grad.indices()[0], grad.values()
+            block = max(1, ROW_BLOCK_ELEMENTS // self.cfg.d_in)  # rows gathered at once
+            for start in range(0, len(rows), block):
+                w, v = self.W_dec[rows[start : start + block]], values[start : start + block]
+                v.addcmul_(torch.linalg.vecdot(v, w, dim=1)[:, None], w, value=-1)
+            self.W_dec.grad = grad
+            return
+        along = torch.linalg.vecdot(grad, self.W_dec, dim=1)
+        grad.addcmul_(along[:, None], self.W_dec, value=-1)
 
     @torch.no_grad()
     def fold_normalization(self, mean: torch.Tensor, scale: float) -> None:

@@ -26,7 +26,9 @@ class ReLUSAE(SAE):
     def train_forward(self, x: torch.Tensor, step: StepInputs = DEFAULT_STEP) -> TrainOutput:
         """The sparse step keeps the positive entries; the penalty is L1 weighted by the
         decoder row norms."""
-        norms = self.W_dec.norm(dim=1)
+        # detached: the penalty's decoder gradient lies along each (unit) row, and
+        # remove_parallel_grad drops exactly that part; so no dense [width, d] gradient
+        norms = self.W_dec.norm(dim=1).detach()
         return threshold_train_forward(
             self,
             x,

@@ -9,10 +9,16 @@ remain the simple dense definition, which tests hold the sparse step to.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .base import SAE
-from .sparse import DEFAULT_STEP, StepInputs, TrainOutput, encoder_backward, pre_act_blocks
+from .sparse import (
+    DEFAULT_STEP,
+    StepInputs,
+    TrainOutput,
+    decode_entries,
+    encoder_backward,
+    pre_act_blocks,
+)
 
 
 class _SelectTopK(torch.autograd.Function):
@@ -21,8 +27,8 @@ class _SelectTopK(torch.autograd.Function):
     backward gives gradients only through the selected entries, in float32."""
 
     @staticmethod
-    def forward(ctx, x, b_dec, W_enc, b_enc, k, dead, k_aux, dtype):
-        xc, blocks = pre_act_blocks(x, b_dec, W_enc, b_enc, dtype)
+    def forward(ctx, x, b_dec, W_enc_t, b_enc, k, dead, k_aux, dtype, sparse):
+        xc, blocks = pre_act_blocks(x, b_dec, W_enc_t, b_enc, dtype)
         k_aux = min(k_aux, int(dead.sum())) if dead is not None else 0
         picked = []
         for _, pre in blocks:
@@ -36,21 +42,22 @@ class _SelectTopK(torch.autograd.Function):
         else:
             aux_vals, aux_idx = x.new_zeros(len(x), 0), idx.new_zeros(len(x), 0)
         vals = vals.float().relu()
-        ctx.save_for_backward(xc, W_enc, idx, vals, aux_idx, aux_vals)
+        ctx.save_for_backward(xc, W_enc_t, idx, vals, aux_idx, aux_vals)
         ctx.mark_non_differentiable(idx, aux_idx)
+        ctx.sparse = sparse
         return vals, idx, aux_vals, aux_idx
 
     @staticmethod
     def backward(ctx, grad_vals, _grad_idx, grad_aux, _grad_aux_idx):
-        xc, W_enc, idx, vals, aux_idx, aux_vals = ctx.saved_tensors
+        xc, W_enc_t, idx, vals, aux_idx, aux_vals = ctx.saved_tensors
         grad_pre = grad_vals * (vals > 0)  # ReLU after the selection
         if aux_idx.shape[1]:
             grad_pre = torch.cat([grad_pre, grad_aux * (aux_vals > 0)], 1)
             idx = torch.cat([idx, aux_idx], 1)
         tokens, slots = idx.shape
         token = torch.arange(tokens, device=xc.device).repeat_interleave(slots)
-        grads = encoder_backward(xc, W_enc, idx.flatten(), token, grad_pre.flatten(), tokens)
-        return None, *grads, None, None, None, None
+        grads = encoder_backward(xc, W_enc_t, idx.flatten(), token, grad_pre.flatten(), ctx.sparse)
+        return None, *grads, None, None, None, None, None
 
 
 class TopKSAE(SAE):
@@ -65,13 +72,27 @@ class TopKSAE(SAE):
         """The sparse training forward: reconstruction and, with dead features, the AuxK
         loss (dead features try to reconstruct what the live ones missed)."""
         vals, idx, aux_vals, aux_idx = _SelectTopK.apply(
-            x, self.b_dec, self.W_enc, self.b_enc, self.cfg.k, step.dead, step.aux_k, step.dtype
+            x,
+            self.b_dec,
+            self.W_enc_t,
+            self.b_enc,
+            self.cfg.k,
+            step.dead,
+            step.aux_k,
+            step.dtype,
+            step.sparse_grads,
         )
-        x_hat = F.embedding_bag(idx, self.W_dec, per_sample_weights=vals, mode="sum") + self.b_dec
+        x_hat = self._decode_rows(vals, idx, step.sparse_grads) + self.b_dec
         aux = x.new_zeros(())
         if aux_idx.shape[1]:
             residual = (x - x_hat).detach()
-            e_hat = F.embedding_bag(aux_idx, self.W_dec, per_sample_weights=aux_vals, mode="sum")
+            e_hat = self._decode_rows(aux_vals, aux_idx, step.sparse_grads)
             denom = (residual - residual.mean(0)).pow(2).sum().clamp_min(1e-12)
             aux = (e_hat - residual).pow(2).sum() / denom
         return TrainOutput(x_hat, vals, idx, step.aux_coef * aux)
+
+    def _decode_rows(self, vals: torch.Tensor, idx: torch.Tensor, sparse: bool) -> torch.Tensor:
+        """[tokens, slots] entries decoded (without b_dec)."""
+        tokens, slots = idx.shape
+        token = torch.arange(tokens, device=idx.device).repeat_interleave(slots)
+        return decode_entries(self, vals.flatten(), idx.flatten(), token, tokens, sparse)

@@ -19,6 +19,7 @@ import torch
 from ..faults import fault_point
 from .base import SAE
 from .checkpoint import Checkpoint
+from .optim import build_optimizer
 from .sparse import StepInputs
 
 
@@ -35,9 +36,12 @@ class TrainSettings:
     decay_fraction: float = 0.2  # the learning rate falls linearly to 0 over this tail
     seed: int = 0
     compute_dtype: str = "float32"  # the dense encoder product; weights stay float32
+    optimizer: str = "adam"  # "lean": LeanAdam on sparse row gradients (optim.py)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        # SAEs trained before the optimiser was a choice were trained with "adam": their
+        # requests (which reuse compares) stay what they were
+        return {k: v for k, v in asdict(self).items() if k != "optimizer" or v != "adam"}
 
 
 class TrainStats(NamedTuple):
@@ -86,7 +90,7 @@ def train_sae(
     Batches, held_out and the normaliser must be on the SAE's device."""
     gen = torch.Generator().manual_seed(settings.seed)  # on the CPU: the same on any device
     sae.reset(gen)
-    opt = torch.optim.Adam(sae.parameters(), lr=settings.lr, betas=(0.9, 0.999), fused=True)
+    opt = build_optimizer(settings.optimizer, sae.parameters(), settings.lr)
     decay_start = int(total_steps * (1 - settings.decay_fraction))
     coef = sae.init_sparsity_coef if settings.init_coef is None else settings.init_coef
     device = sae.b_dec.device
@@ -119,7 +123,12 @@ def train_sae(
                 group["lr"] = lr
             dead = since_fired > settings.dead_tokens  # as of the last step: for AuxK
             step_inputs = StepInputs(
-                dtype, coef, dead if dead.any() else None, settings.aux_k, settings.aux_coef
+                dtype,
+                coef,
+                dead if dead.any() else None,
+                settings.aux_k,
+                settings.aux_coef,
+                sparse_grads=settings.optimizer == "lean",
             )
             out = sae.train_forward(x, step_inputs)
             side = out.side_loss
