@@ -61,6 +61,11 @@ def test_a_rerun_reuses_cells_and_a_lost_one_comes_back_the_same(atlas_run):
     lost = cells[2]
     before = read_sealed_json(lost, "cell")
     lost.unlink()
+    assert cli.main([*args, "--max-minutes", "0"]) == 0  # only what is finished: written
+    assert not lost.exists()
+    md = (out / "atlas.md").read_text()
+    assert "Not yet measured (1 of the grid's 4 cells; --max-minutes ended" in md
+    assert lost.stem in md and "--max-minutes 0" in md
     assert cli.main(args) == 0
     assert all(p.stat().st_mtime_ns == t for p, t in stamps.items() if p != lost)
     again = read_sealed_json(lost, "cell")

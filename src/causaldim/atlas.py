@@ -49,6 +49,11 @@ class AtlasConfig:
     eval_tokens: int = _opt(16_384, "Eval tokens a cell (its one pass).")
     profile_blocks: int = _opt(8, "Sequence blocks of each layer's sums (memory: see --dry-run).")
     seed: int = _opt(0, "Seed of the sequences and the probes.")
+    max_minutes: float | None = _opt(
+        None,
+        "Start no new cell after this many minutes; atlas.md then lists the cells not yet "
+        "measured, and the same command measures them (0: only write what is finished).",
+    )
     out: str = _opt("runs/atlas", "Output folder: cells/, atlas.csv, atlas.json, figures.")
 
     def cells(self) -> list[Cell]:
@@ -57,6 +62,8 @@ class AtlasConfig:
     def check(self) -> None:
         if self.eval_tokens <= 0 or self.profile_blocks < 2:
             raise UsageError("--eval-tokens must be positive and --profile-blocks at least 2")
+        if self.max_minutes is not None and not 0 <= self.max_minutes < float("inf"):
+            raise UsageError("--max-minutes must be a number of minutes, 0 or more")
         if any(s < 2 for s in self.seq_lens):
             raise UsageError("every --seq-lens must be at least 2")
         for name in ("models", "corpora", "seq_lens"):
@@ -163,12 +170,13 @@ def run_cell(cfg: AtlasConfig, cell: Cell, the_plan, progress: bool) -> dict:
 
 
 def run(cfg: AtlasConfig, progress: bool = True, checked: dict | None = None) -> list[dict]:
-    """Every cell, the finished ones read back (same key) instead of measured again;
-    checked: the cells' plans, where the caller has made them."""
+    """Every cell (or those begun within --max-minutes), the finished ones read back (same
+    key) instead of measured again; checked: the cells' plans, where the caller has made
+    them."""
     checked = checked or plans(cfg)
     folder = Path(cfg.out) / "cells"
     folder.mkdir(parents=True, exist_ok=True)
-    done = []
+    done, t0 = [], time.perf_counter()
     for i, (cell, the_plan) in enumerate(checked.items(), 1):
         path = folder / f"{cell.name}.json"
         if path.is_file():
@@ -176,6 +184,8 @@ def run(cfg: AtlasConfig, progress: bool = True, checked: dict | None = None) ->
             if found.get("key") == the_plan.key:
                 done.append(found)
                 continue
+        if cfg.max_minutes is not None and time.perf_counter() - t0 >= 60 * cfg.max_minutes:
+            continue  # past the budget: left for the next run of the same command
         if progress:
             print(f"atlas: cell {i} of {len(checked)}: {cell.name}", file=sys.stderr)
         found = run_cell(cfg, cell, the_plan, progress)
@@ -191,6 +201,8 @@ def command(cfg: AtlasConfig) -> str:
     parts = ["causaldim", "atlas"]
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
+        if value is None:
+            continue
         parts += [
             f"--{f.name.replace('_', '-')}",
             *map(str, value if isinstance(value, list) else [value]),
@@ -212,7 +224,9 @@ def write(cfg: AtlasConfig, cells: list[dict], command: str) -> list[Path]:
         report.write_csv(table, out / "atlas.csv"),
         report.figure(table, out / "atlas.png"),
     ]
-    (out / "atlas.md").write_text(report.markdown(cfg.to_dict(), cells, table, command))
+    measured = {Cell(**c["cell"]) for c in cells}
+    missing = [cell.name for cell in cfg.cells() if cell not in measured]
+    (out / "atlas.md").write_text(report.markdown(cfg.to_dict(), cells, table, command, missing))
     return [*paths, out / "atlas.md"]
 
 

@@ -140,7 +140,9 @@ def _ratio_line(table: list[dict], what: str, a, b, **fixed) -> str | None:
     )
 
 
-def markdown(cfg: dict, cells: list[dict], table: list[dict], command: str) -> str:
+def markdown(
+    cfg: dict, cells: list[dict], table: list[dict], command: str, missing: list[str] = ()
+) -> str:
     lines = [
         "# The atlas: the direct kappa across models, text, context and depth",
         "",
@@ -178,6 +180,13 @@ def markdown(cfg: dict, cells: list[dict], table: list[dict], command: str) -> s
             f"| {cell['model']} | {cell['corpus']} | {cell['seq_len']} | {c['eval_tokens']:,} | "
             f"{said} | {converged} of {len(mine)} | {_cost(c)} |"
         )
+    if missing:
+        lines += [
+            "",
+            f"Not yet measured ({len(missing)} of the grid's {len(cells) + len(missing)} "
+            f"cells; --max-minutes ended the run before them): {', '.join(missing)}. The "
+            "same command without --max-minutes measures them and keeps the rest.",
+        ]
     lines += ["", "## What moves kappa (the headline reading, medians of matched ratios)", ""]
     head, out = {"reading": HEADLINE}, {"outliers": "left out"}
     found = [
