@@ -11,7 +11,11 @@ too. Read the ratio estimate / measured: the plan refuses widths by the estimate
 
     .venv/bin/python benchmarks/sae_memory.py [--d 2304] [--widths 32768 65536 131072]
         [--optimizers adam lean] [--architecture jumprelu] [--k 64] [--batch-tokens 4096]
-        [--steps 4] [--device auto] [--sae-dtype float32]
+        [--steps 4] [--device auto] [--sae-dtype float32] [--fit]
+
+--fit trains, for each optimiser, the widest of the paper preset's widths whose estimate
+fits the device's free memory (the share the plan allows: memory.HEADROOM): on a lent GPU,
+the one run that says whether the plan's widest SAE really trains there.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ import time
 
 import torch
 
-from causaldim.devices import peak_bytes, reset_peak, resolve_device, resolve_dtype
-from causaldim.memory import sae_training_bytes, step_entries
+from causaldim.devices import memory, peak_bytes, reset_peak, resolve_device, resolve_dtype
+from causaldim.memory import HEADROOM, sae_training_bytes, step_entries, widest_that_fits
+from causaldim.presets import PRESETS
 from causaldim.sae import SAEConfig, build
 from causaldim.sae.train import Normalizer, TrainSettings, train_sae
 
@@ -87,6 +92,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--sae-dtype", default="float32")
+    parser.add_argument("--fit", action="store_true", help="the widest that fits (see above)")
     parser.add_argument("--width", type=int, help=argparse.SUPPRESS)  # one child process
     parser.add_argument("--optimizer", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -104,31 +110,32 @@ def main() -> None:
         f"{'est/meas':>8} {'s/step':>7} {'entries/k':>9}"
         + ("  reserved GiB" if device.type == "cuda" else "")
     )
-    for width in args.widths:
-        for optimizer in args.optimizers:
-            child = [
-                sys.executable,
-                __file__,
-                *sys.argv[1:],
-                "--width",
-                str(width),
-                "--optimizer",
-                optimizer,
-            ]
-            out = subprocess.run(child, capture_output=True, text=True, check=True).stdout
-            got = json.loads(out.strip().splitlines()[-1])
-            per_token = step_entries(args.k, [args.architecture])
-            est = sae_training_bytes(
-                args.d, width, args.batch_tokens, sae_dtype, optimizer, per_token
+    per_token = step_entries(args.k, [args.architecture])
+    free = memory(device)[1]
+    runs = [(w, o) for w in args.widths for o in args.optimizers]
+    if args.fit:
+        paper = PRESETS["paper"]["widths"]
+        runs = []
+        for o in args.optimizers:
+            widest = widest_that_fits(
+                args.d, paper, args.batch_tokens, sae_dtype, o, per_token, HEADROOM * free
             )
-            meas = got["measured"]
-            line = (
-                f"{width:9,d} {optimizer:>9} {est / 2**30:12.2f} {meas / 2**30:12.2f} "
-                f"{est / meas:8.2f} {got['seconds_a_step']:7.2f} {got['entries_per_k']:9.2f}"
-            )
-            if device.type == "cuda":
-                line += f"  {got['reserved'] / 2**30:12.2f}"
-            print(line, flush=True)
+            print(f"{o}: the widest of {paper} that fits {free / 2**30:,.1f} GiB free: {widest}")
+            runs += [(widest, o)] if widest else []
+    for width, optimizer in runs:
+        child = [*(sys.executable, __file__, *sys.argv[1:]), "--width", str(width)]
+        child += ["--optimizer", optimizer]
+        out = subprocess.run(child, capture_output=True, text=True, check=True).stdout
+        got = json.loads(out.strip().splitlines()[-1])
+        est = sae_training_bytes(args.d, width, args.batch_tokens, sae_dtype, optimizer, per_token)
+        meas = got["measured"]
+        line = (
+            f"{width:9,d} {optimizer:>9} {est / 2**30:12.2f} {meas / 2**30:12.2f} "
+            f"{est / meas:8.2f} {got['seconds_a_step']:7.2f} {got['entries_per_k']:9.2f}"
+        )
+        if device.type == "cuda":
+            line += f"  {got['reserved'] / 2**30:12.2f}"
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -160,3 +160,14 @@ def test_bf16_encoder_stays_close_to_float32(arch):
     low = sparse_loss(sae, x, 0.0, dtype=torch.bfloat16)
     assert low.item() == pytest.approx(ref.item(), rel=0.02)
     assert all(p.dtype == torch.float32 for p in sae.parameters())
+
+
+@pytest.mark.parametrize("arch", ["relu", "jumprelu"])
+def test_starting_bars_block_by_block_equal_those_of_the_whole(arch, monkeypatch):
+    from causaldim.sae import base
+
+    sae = off_the_symmetric_start(arch)
+    x = torch.randn(300, D)
+    whole = sae.pre_acts(x).quantile(1 - 5 / WIDTH, dim=0)
+    monkeypatch.setattr(base, "CUT_BLOCK_ELEMENTS", 300 * 7)  # blocks of 7 features
+    torch.testing.assert_close(sae.firing_cut(x, 5.0), whole, rtol=1e-6, atol=1e-6)

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 ROW_BLOCK_ELEMENTS = 1 << 24  # decoder rows gathered at once to project sparse gradients
+CUT_BLOCK_ELEMENTS = 1 << 24  # pre-activations at once for the starting firing bars
 
 
 @dataclass
@@ -81,19 +82,30 @@ class SAE(nn.Module):
         return self.decode(self.encode(x))
 
     @torch.no_grad()
-    def calibrate(self, pre: torch.Tensor, target_l0: float) -> None:
-        """Start at the target L0 on the first batch (no-op where L0 is fixed)."""
+    def calibrate(self, x: torch.Tensor, target_l0: float) -> None:
+        """Start at the target L0 on the first batch x (no-op where L0 is fixed)."""
 
     @torch.no_grad()
     def shift_sparsity(self, delta: float) -> None:
         """Raise every feature's firing bar by delta (no-op where L0 is fixed)."""
 
-    @staticmethod
-    def _firing_cut(pre: torch.Tensor, target_l0: float) -> torch.Tensor:
-        """Per feature, the pre-activation exceeded by a fraction target_l0 / width of
-        the tokens, so that each feature starts with an equal share of the target L0."""
-        q = 1 - min(1.0, target_l0 / pre.shape[1])
-        return pre.float().quantile(q, dim=0) if len(pre) > 1 else pre[0]
+    @torch.no_grad()
+    def firing_cut(self, x: torch.Tensor, target_l0: float) -> torch.Tensor:
+        """Per feature, the pre-activation exceeded by a fraction target_l0 / width of x's
+        tokens, so that each feature starts with an equal share of the target L0. A block
+        of features at a time: [tokens, width] pre-activations would be 16 GiB for 4,096
+        tokens at a width of 1,048,576."""
+        if len(x) == 1:
+            return self.pre_acts(x)[0]
+        q = 1 - min(1.0, target_l0 / self.cfg.width)
+        xc = x - self.b_dec
+        block = max(1, CUT_BLOCK_ELEMENTS // len(x))
+        cuts = []
+        for start in range(0, self.cfg.width, block):
+            rows = slice(start, start + block)
+            pre = torch.addmm(self.b_enc[rows], xc, self.W_enc_t[rows].T)
+            cuts.append(pre.float().quantile(q, dim=0))
+        return torch.cat(cuts)
 
     @torch.no_grad()
     def normalize_decoder(self) -> None:

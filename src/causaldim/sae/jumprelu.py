@@ -79,8 +79,8 @@ class JumpReLUSAE(SAE):
         )
 
     @torch.no_grad()
-    def calibrate(self, pre: torch.Tensor, target_l0: float) -> None:
-        self.log_threshold.copy_(self._firing_cut(pre, target_l0).clamp_min(1e-4).log())
+    def calibrate(self, x: torch.Tensor, target_l0: float) -> None:
+        self.log_threshold.copy_(self.firing_cut(x, target_l0).clamp_min(1e-4).log())
 
     @torch.no_grad()
     def shift_sparsity(self, delta: float) -> None:

@@ -16,8 +16,8 @@ class ReLUSAE(SAE):
         return pre.relu()
 
     @torch.no_grad()
-    def calibrate(self, pre: torch.Tensor, target_l0: float) -> None:
-        self.b_enc.sub_(self._firing_cut(pre, target_l0))
+    def calibrate(self, x: torch.Tensor, target_l0: float) -> None:
+        self.b_enc.sub_(self.firing_cut(x, target_l0))
 
     @torch.no_grad()
     def shift_sparsity(self, delta: float) -> None:

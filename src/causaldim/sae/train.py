@@ -116,7 +116,7 @@ def train_sae(
                 with torch.no_grad():
                     sae.b_dec.copy_(x.mean(0))
                     if not sae.fixed_l0:
-                        sae.calibrate(sae.pre_acts(x), settings.target_l0)
+                        sae.calibrate(x, settings.target_l0)
                 first = False
             lr = settings.lr * min(1.0, (total_steps - step) / max(1, total_steps - decay_start))
             for group in opt.param_groups:
