@@ -23,8 +23,10 @@ def _short(width: int) -> str:
 
 def table() -> str:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the known shape: no network
+    import torch
+
     from causaldim.costs import disk_bytes
-    from causaldim.devices import planning_for
+    from causaldim.devices import planning_for, resolve_dtype
     from causaldim.harvest.plan import plan
     from causaldim.memory import HEADROOM, SCORE_ROW_BYTES, sae_training_bytes, step_entries
     from causaldim.presets import preset_configs
@@ -33,6 +35,7 @@ def table() -> str:
     harvest, sweep, _ = preset_configs("paper", out="/nonexistent/causaldim-memory-guide")
     with planning_for("h200"):
         p = plan(harvest, dry_run=True)
+        sae_dtype = resolve_dtype(sweep.sae_dtype, torch.device("cuda"))  # as the plan does
     need, d = p.pass_memory, p.source.d_model
     batches = ", ".join(
         f"{need._replace(budget=int(HEADROOM * gib * GIB)).batch_that_fits()} on {name}"
@@ -43,7 +46,7 @@ def table() -> str:
     def training(width: int) -> float:
         per_token = step_entries(sweep.k, sweep.architectures)
         need = sae_training_bytes(
-            d, width, sweep.batch_tokens, sweep.sae_dtype, sweep.optimizer, per_token
+            d, width, sweep.batch_tokens, sae_dtype, sweep.optimizer, per_token
         )
         return need / GIB
 
