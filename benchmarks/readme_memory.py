@@ -25,12 +25,11 @@ def table() -> str:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the known shape: no network
     import torch
 
-    from causaldim.costs import disk_bytes
+    from causaldim.costs import checkpoint_bytes, disk_bytes
     from causaldim.devices import planning_for, resolve_dtype
     from causaldim.harvest.plan import plan
     from causaldim.memory import HEADROOM, SCORE_ROW_BYTES, sae_training_bytes, step_entries
     from causaldim.presets import preset_configs
-    from causaldim.sae.optim import moment_bytes
 
     harvest, sweep, _ = preset_configs("paper", out="/nonexistent/causaldim-memory-guide")
     with planning_for("h200"):
@@ -55,8 +54,7 @@ def table() -> str:
     disk = disk_bytes(p, sweep)
     planned = (len(p.splits.train) + len(p.splits.eval)) * harvest.seq_len
     store = disk["store"] * harvest.tokens / planned  # the paper's tokens, from a hub corpus
-    _, moments = moment_bytes(sweep.optimizer)
-    checkpoint = ((4 + moments) * 2 * d + 3 * 4 * 3) * widest  # as costs.disk_bytes counts
+    checkpoint = checkpoint_bytes(d, widest, sweep.optimizer)
     per_weight = (
         "about 2 d m x 16 bytes (float32 weights, gradients, two Adam moments)"
         if sweep.optimizer == "adam"

@@ -171,6 +171,12 @@ def parameter_counts(the_plan: Plan) -> dict[str, int]:
     }
 
 
+def checkpoint_bytes(d: int, width: int, optimizer: str) -> int:
+    """One SAE's training checkpoint: its weights and the optimiser's moments."""
+    _, moments = moment_bytes(optimizer)
+    return ((4 + moments) * 2 * d + 3 * 4 * 3) * width
+
+
 def disk_bytes(the_plan: Plan, sweep: SweepConfig | None) -> dict[str, int]:
     """Bytes the run writes: every planned layer's store, and the SAEs of the sweep, if
     any (and the checkpoint of one SAE at a time: its weights and moments)."""
@@ -187,9 +193,7 @@ def disk_bytes(the_plan: Plan, sweep: SweepConfig | None) -> dict[str, int]:
         return {"store": store, "saes": 0, "total": store}
     width_sum = sum(sweep.widths) * len(sweep.architectures)
     sae = 4 * (2 * d + 3) * width_sum  # W_enc, W_dec, biases and thresholds, float32
-    # the largest one's checkpoint: its weights and the optimiser's moments
-    _, moments = moment_bytes(sweep.optimizer)
-    sae += ((4 + moments) * 2 * d + 3 * 4 * 3) * max(sweep.widths)
+    sae += checkpoint_bytes(d, max(sweep.widths), sweep.optimizer)  # the largest one's
     return {"store": store, "saes": sae, "total": store + sae}
 
 

@@ -160,10 +160,9 @@ def check_sae_training(
         else "float32 weights and second moments, bfloat16 first moments, row gradients"
     )
     lean = sae_training_bytes(d, width, batch_tokens, sae_dtype, "lean", entries_per_token)
-    lean_fits = lean <= budget
-    fix = "--optimizer lean (the same Adam update in about 10 bytes a weight, not 16), " * (
-        optimizer == "adam" and lean_fits
-    )
+    fix = ""
+    if optimizer == "adam" and lean <= budget:
+        fix = "--optimizer lean (the same Adam update in about 10 bytes a weight, not 16), "
     widest = f"the widest that fits is {fits:,}; " if fits else ""
     raise UsageError(
         f"training the {width:,}-wide SAE needs about {_gib(need)} GiB on {device} ({what}) "
