@@ -79,6 +79,8 @@ def test_bad_grids_are_refused_before_any_pass(tmp_path, capsys):
     for bad in (
         ["--seq-lens", "16", "16"],
         ["--eval-tokens", "0"],
+        ["--depths", "1.5"],
+        ["--depths", "0.5", "0.5"],
         ["--models", "no/such-model-x"],
     ):
         assert cli.main(["atlas", *bad, "--out", str(out)]) == 2
@@ -96,3 +98,58 @@ def test_the_atlas_answers_the_claims_by_the_claims_tables_rules(atlas_run):
     assert "across families" in table or "not testable" in table or "not converged" in table
     verdicts = [line.split(" | ")[2] for line in table.splitlines() if line.startswith("| kappa_")]
     assert verdicts and all(v in ("holds", "does not hold", "not testable here") for v in verdicts)
+
+
+def test_depths_measure_only_their_layers_to_the_whole_grids_numbers(atlas_run, tmp_path):
+    out, args = atlas_run
+    # a full atlas holds every layer: asking it for one depth measures nothing again
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "cells").glob("*.json")}
+    assert cli.main([*args, "--depths", "0.5"]) == 0
+    assert {p: p.stat().st_mtime_ns for p in (out / "cells").glob("*.json")} == stamps
+    # a new one at depths 0 and 0.5 measures those layers alone, to the same numbers
+    alone = tmp_path / "alone"
+    at = [*args[: args.index("--out")], "--out", str(alone), "--depths", "0.5", "0"]
+    assert cli.main(at) == 0
+    for path in (alone / "cells").glob("*.json"):
+        cell = read_sealed_json(path, "cell")
+        whole = read_sealed_json(out / "cells" / path.name, "cell")
+        n = cell["model"]["n_layers"]
+        assert cell["measured_layers"] == [0, round(0.5 * (n - 1))]
+        assert sorted(cell["layers"], key=int) == [str(i) for i in cell["measured_layers"]]
+        for layer, rules in cell["layers"].items():
+            for rule, readings in rules.items():
+                for reading, e in readings.items():
+                    ref = whole["layers"][layer][rule][reading]
+                    for key in ("erank", "erank_corrected", "n_independent"):
+                        if ref[key] is None:
+                            assert e[key] is None
+                        else:
+                            assert e[key] == pytest.approx(ref[key], rel=1e-5)
+        # a cell's plan counts the sums of its own layers only (the work: the test below;
+        # a tiny model's seconds are mostly the start's, timed here and noisy)
+        assert cell["planned"]["memory_bytes"] < whole["planned"]["memory_bytes"]
+    rows = list(csv.DictReader((alone / "atlas.csv").open()))
+    assert {(r["model"], int(r["layer"])) for r in rows} == {
+        (c["cell"]["model"], i)
+        for c in (read_sealed_json(p, "cell") for p in (alone / "cells").glob("*.json"))
+        for i in c["measured_layers"]
+    }
+
+
+def test_profile_layers_scale_the_sums_and_the_profiles_work(tiny_model):
+    from causaldim import costs
+    from causaldim.config import AnalysisConfig, HarvestConfig, SweepConfig
+    from causaldim.harvest.plan import plan
+
+    the_plan = plan(HarvestConfig(model=tiny_model("llama"), tokens=256), profile=True)
+    rates = costs.Rates(model=1e9, sae=2e9, eig=0.01, source="given")
+    sweep, analysis = SweepConfig(widths=[16]), AnalysisConfig(profile=True)
+    n = the_plan.source.n_layers
+    every = costs.estimate(the_plan, sweep, analysis, rates)
+    one = costs.estimate(the_plan, sweep, analysis, rates, profile_layers=(n - 1,))
+    assert one["memory"]["profile_sums_bytes"] * n == every["memory"]["profile_sums_bytes"]
+    assert one["seconds"]["profile"] * n == pytest.approx(every["seconds"]["profile"])
+    # the eval pass's backwards stop at the top layer instead of block 0
+    assert one["seconds"]["harvest_eval"] < every["seconds"]["harvest_eval"]
+    plain = costs.estimate(the_plan, sweep, AnalysisConfig(), rates)
+    assert "profile" not in plain["seconds"] and plain["memory"]["profile_sums_bytes"] == 0

@@ -47,6 +47,11 @@ class AtlasConfig:
     )
     seq_lens: list[int] = _opt([128, 512], "Context lengths (tokens a sequence).")
     eval_tokens: int = _opt(16_384, "Eval tokens a cell (its one pass).")
+    depths: list[float] = _opt(
+        [],
+        "Relative depths to measure (0: the first block, 1: the last; each to its nearest "
+        "layer). None given: every layer. Fewer layers make a cell cheaper per eval token.",
+    )
     profile_blocks: int = _opt(8, "Sequence blocks of each layer's sums (memory: see --dry-run).")
     seed: int = _opt(0, "Seed of the sequences and the probes.")
     max_minutes: float | None = _opt(
@@ -64,14 +69,31 @@ class AtlasConfig:
             raise UsageError("--eval-tokens must be positive and --profile-blocks at least 2")
         if self.max_minutes is not None and not 0 <= self.max_minutes < float("inf"):
             raise UsageError("--max-minutes must be a number of minutes, 0 or more")
+        if any(not 0 <= x <= 1 for x in self.depths):
+            raise UsageError("every --depths must be between 0 and 1 (a fraction of the depth)")
         if any(s < 2 for s in self.seq_lens):
             raise UsageError("every --seq-lens must be at least 2")
-        for name in ("models", "corpora", "seq_lens"):
+        for name in ("models", "corpora", "seq_lens", "depths"):
             if len(set(getattr(self, name))) < len(getattr(self, name)):
                 raise UsageError(f"--{name.replace('_', '-')} names one twice; give each once")
 
+    def layers(self, n_layers: int) -> tuple[int, ...]:
+        """The layers a cell of an n_layers model measures."""
+        if not self.depths:
+            return tuple(range(n_layers))
+        return tuple(sorted({depth_layer(x, n_layers) for x in self.depths}))
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+# The claims' layer: where the paper measured (layer 12 of Gemma-2-2B's 26)
+MIDDLE_DEPTH = 12 / 25
+
+
+def depth_layer(depth: float, n_layers: int) -> int:
+    """The layer nearest a relative depth (layer / (layers - 1))."""
+    return round(depth * (n_layers - 1))
 
 
 class Cell(NamedTuple):
@@ -130,7 +152,7 @@ def run_cell(cfg: AtlasConfig, cell: Cell, the_plan, progress: bool) -> dict:
     readings = profile.profile_readings(c.logit_probes, c.fisher_probes)
     accs = {
         rule: profile.Accumulator(
-            range(the_plan.source.n_layers),
+            cfg.layers(the_plan.source.n_layers),
             the_plan.source.d_model,
             len(the_plan.splits.eval),
             c.seq_len,
@@ -161,6 +183,7 @@ def run_cell(cfg: AtlasConfig, cell: Cell, the_plan, progress: bool) -> dict:
         },
         "corpus": the_plan.corpus.id,
         "eval_tokens": len(the_plan.splits.eval) * c.seq_len,
+        "measured_layers": list(cfg.layers(the_plan.source.n_layers)),
         "layers": layers,
         "seconds": time.perf_counter() - t0,
         # beside the plan made at the cell's start, for the dry run's honesty
@@ -181,7 +204,7 @@ def run(cfg: AtlasConfig, progress: bool = True, checked: dict | None = None) ->
         path = folder / f"{cell.name}.json"
         if path.is_file():
             found = read_sealed_json(path, "atlas cell")
-            if found.get("key") == the_plan.key:
+            if found.get("key") == the_plan.key and _holds(found, cfg, the_plan):
                 done.append(found)
                 continue
         if cfg.max_minutes is not None and time.perf_counter() - t0 >= 60 * cfg.max_minutes:
@@ -194,6 +217,12 @@ def run(cfg: AtlasConfig, progress: bool = True, checked: dict | None = None) ->
     return done
 
 
+def _holds(found: dict, cfg: AtlasConfig, the_plan) -> bool:
+    """Whether a finished cell measured every layer this atlas asks of it."""
+    wanted = set(cfg.layers(the_plan.source.n_layers))
+    return wanted <= {int(i) for i in found["layers"]}
+
+
 def command(cfg: AtlasConfig) -> str:
     """The command line that makes this atlas."""
     import shlex
@@ -201,7 +230,7 @@ def command(cfg: AtlasConfig) -> str:
     parts = ["causaldim", "atlas"]
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
-        if value is None:
+        if value is None or value == []:
             continue
         parts += [
             f"--{f.name.replace('_', '-')}",
@@ -249,7 +278,12 @@ def estimate(cfg: AtlasConfig, the_plan) -> CellCost:
     from .costs import estimate as plan_costs
 
     analysis = AnalysisConfig(profile=True, profile_blocks=cfg.profile_blocks)
-    est = plan_costs(the_plan, SweepConfig(widths=[16], sae_dtype="float32"), analysis)
+    est = plan_costs(
+        the_plan,
+        SweepConfig(widths=[16], sae_dtype="float32"),
+        analysis,
+        profile_layers=cfg.layers(the_plan.source.n_layers),
+    )
     sec, mem = est["seconds"], est["memory"]
     seconds = (
         sec["start"]
@@ -273,7 +307,8 @@ def dry_run(cfg: AtlasConfig) -> None:
         total += cost.seconds
         print(
             f"cell {cell.name}: {len(the_plan.splits.eval) * the_plan.config.seq_len:,} eval "
-            f"tokens, {the_plan.source.n_layers} layers; memory "
+            f"tokens, {len(cfg.layers(the_plan.source.n_layers))} of "
+            f"{the_plan.source.n_layers} layers; memory "
             f"{cost.memory_bytes / 2**30:,.1f} GiB (the pass {cost.pass_bytes / 2**30:,.1f}, "
             f"the sums of both rules {cost.sums_bytes / 2**30:,.1f}, loading the weights "
             f"{cost.load_bytes / 2**30:,.1f}); about "

@@ -297,9 +297,11 @@ def estimate(
     sweep: SweepConfig,
     analysis: AnalysisConfig,
     rates: Rates | None = None,
+    profile_layers: tuple[int, ...] | None = None,
 ) -> dict:
     """The run's tokens, parameters, disk, memory and seconds per stage; rates: measured
-    here (calibrate) unless given."""
+    here (calibrate) unless given; profile_layers: the layers the profile taps (None:
+    every layer)."""
     cfg = the_plan.config
     d, seq = the_plan.source.d_model, cfg.seq_len
     n_train, n_eval = len(the_plan.splits.train) * seq, len(the_plan.splits.eval) * seq
@@ -317,8 +319,11 @@ def estimate(
     # the eval pass: a full forward, then one backward from the loss and one per probe,
     # down to L only (or on to block 0 for the profile); only the centred logit probes
     # go back through the head, the rest start below it after one p W product (model_pass)
+    tapped = profile_taps(the_plan, analysis, profile_layers)
     blocks_above = sum(params["per_block"][lowest + 1 :])
-    backward = (up + blocks_above) if analysis.profile else blocks_above
+    backward = (
+        sum(params["per_block"][min(lowest, *tapped) :]) if tapped else blocks_above
+    )
     head_products = cfg.logit_probes + 1
     work = {
         "harvest_train": Work(model=2 * up_train * n_train),
@@ -336,8 +341,8 @@ def estimate(
         "analysis": analysis_work(len(sweep.widths) * len(sweep.architectures)),
     }
     work.update(control_work(the_plan, sweep, analysis, work, params))
-    if analysis.profile:
-        work["profile"] = the_plan.source.n_layers * sigma_work(
+    if tapped:
+        work["profile"] = len(tapped) * sigma_work(
             n_eval, d, probes, direct, debias.LIGHT
         )
     if rates is None:
@@ -366,14 +371,31 @@ def estimate(
         "parameters": {k: v for k, v in params.items() if k != "per_block"},
         "saes": n_saes,
         "disk_bytes": disk_bytes(the_plan, sweep),
-        "memory": memory_plan(the_plan, sweep, analysis),
+        "memory": memory_plan(the_plan, sweep, analysis, tapped),
         "rates": rates._asdict(),
         "seconds": {**seconds, "total": sum(seconds.values())},
     }
 
 
-def memory_plan(the_plan: Plan, sweep: SweepConfig, analysis: AnalysisConfig) -> dict:
-    """The device, its memory, and each stage's estimated peak and batch size."""
+def profile_taps(
+    the_plan: Plan, analysis: AnalysisConfig, layers: tuple[int, ...] | None = None
+) -> tuple[int, ...]:
+    """The layers whose profile sums the eval pass fills: none without --profile."""
+    if not analysis.profile:
+        return ()
+    return tuple(range(the_plan.source.n_layers)) if layers is None else tuple(layers)
+
+
+def memory_plan(
+    the_plan: Plan,
+    sweep: SweepConfig,
+    analysis: AnalysisConfig,
+    tapped: tuple[int, ...] | None = None,
+) -> dict:
+    """The device, its memory, and each stage's estimated peak and batch size; tapped: the
+    profile's layers (profile_taps)."""
+    if tapped is None:
+        tapped = profile_taps(the_plan, analysis)
     cfg, need = the_plan.config, the_plan.pass_memory
     device, d, widest = torch.device(cfg.device), the_plan.source.d_model, max(sweep.widths)
     return {
@@ -394,11 +416,9 @@ def memory_plan(the_plan: Plan, sweep: SweepConfig, analysis: AnalysisConfig) ->
         "sae_optimizer": sweep.optimizer,
         "widest_sae_score_tokens": dense_batch_tokens(d, widest, analysis.read_tokens, device),
         "profile_sums_bytes": profile.sums_bytes(
-            the_plan.source.n_layers,
+            len(tapped),
             d,
             min(analysis.profile_blocks, len(the_plan.splits.eval)),
             len(profile.profile_readings(cfg.logit_probes, cfg.fisher_probes)),
-        )
-        if analysis.profile
-        else 0,
+        ),
     }

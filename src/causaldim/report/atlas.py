@@ -147,9 +147,10 @@ def markdown(
         "# The atlas: the direct kappa across models, text, context and depth",
         "",
         f"Made by `{command}` (causaldim atlas; cells in `cells/`, every number in "
-        "`atlas.csv`). Each cell is one eval pass; every layer is corrected for finite "
-        "samples with the profile's lighter budget; outliers (position 0 and large norms) "
-        "left out and kept, from the same tokens.",
+        "`atlas.csv`). Each cell is one eval pass; every layer it measures ("
+        + (f"relative depths {', '.join(map(str, cfg['depths']))}" if cfg.get("depths") else "all")
+        + ") is corrected for finite samples with the profile's lighter budget; outliers "
+        "(position 0 and large norms) left out and kept, from the same tokens.",
         "",
         "![kappa / d against depth](atlas.png)",
         "",
@@ -272,16 +273,19 @@ def _run_at(cell: dict, layer: str) -> tuple[str, dict]:
 
 def _middle(cell: dict) -> str:
     """The layer at about half the depth, where the paper measured (12 of 26)."""
-    n = cell["model"]["n_layers"]
-    return str(round(0.48 * (n - 1)))
+    from ..atlas import MIDDLE_DEPTH, depth_layer
+
+    return str(depth_layer(MIDDLE_DEPTH, cell["model"]["n_layers"]))
 
 
 def claims(cells: list[dict]) -> list[tuple[str, str, str, str]]:
     """The claims the atlas answers, each at the middle layer by the claims tables' own
-    rules: (claim, what was compared, verdict, why)."""
+    rules (cells that did not measure it left aside): (claim, what was compared, verdict,
+    why)."""
     from .claims_kappa import across, level
 
     out = []
+    cells = [c for c in cells if _middle(c) in c["layers"]]
     seqs = sorted({c["cell"]["seq_len"] for c in cells})
     for seq in seqs:
         runs = [_run_at(c, _middle(c)) for c in cells if c["cell"]["seq_len"] == seq]
