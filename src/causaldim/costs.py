@@ -321,9 +321,7 @@ def estimate(
     # go back through the head, the rest start below it after one p W product (model_pass)
     tapped = profile_taps(the_plan, analysis, profile_layers)
     blocks_above = sum(params["per_block"][lowest + 1 :])
-    backward = (
-        sum(params["per_block"][min(lowest, *tapped) :]) if tapped else blocks_above
-    )
+    backward = sum(params["per_block"][min(lowest, *tapped) :]) if tapped else blocks_above
     head_products = cfg.logit_probes + 1
     work = {
         "harvest_train": Work(model=2 * up_train * n_train),
@@ -342,9 +340,7 @@ def estimate(
     }
     work.update(control_work(the_plan, sweep, analysis, work, params))
     if tapped:
-        work["profile"] = len(tapped) * sigma_work(
-            n_eval, d, probes, direct, debias.LIGHT
-        )
+        work["profile"] = len(tapped) * sigma_work(n_eval, d, probes, direct, debias.LIGHT)
     if rates is None:
         rates = calibrate(
             d,
