@@ -153,3 +153,22 @@ def test_profile_layers_scale_the_sums_and_the_profiles_work(tiny_model):
     assert one["seconds"]["harvest_eval"] < every["seconds"]["harvest_eval"]
     plain = costs.estimate(the_plan, sweep, AnalysisConfig(), rates)
     assert "profile" not in plain["seconds"] and plain["memory"]["profile_sums_bytes"] == 0
+
+
+def test_causaldim_claims_reads_an_atlas_beside_the_runs(atlas_run, tmp_path):
+    from pathlib import Path
+
+    out, _ = atlas_run
+    run = Path(__file__).resolve().parents[1] / "docs" / "replicate"
+    md_path = tmp_path / "claims.md"
+    assert cli.main(["claims", str(run), str(out), "--out", str(md_path)]) == 0
+    md = md_path.read_text()
+    section = md.split(f"## Across the atlas: {out / 'atlas.json'}")[1]
+    assert "causaldim atlas --models" in section
+    assert "| kappa_text, sequences of 16 |" in section
+    # the same rows as the atlas's own claims table
+    own = (out / "atlas.md").read_text().split("## The claims it answers")[1]
+    for line in own.splitlines():
+        if line.startswith("| kappa_"):
+            claim, verdict = line.split(" | ")[0], line.split(" | ")[2]
+            assert claim in section and f"**{verdict}**" in section

@@ -3,6 +3,8 @@ table A (kappa) and table B (the SAE estimator), each row with its verdict and r
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from .claims import ESTIMATOR, KAPPA, TITLES, VERDICTS, across_runs, claims
 from .conditions import conditions_lines
 from .doc import Doc
@@ -104,6 +106,28 @@ def across_section(doc: Doc, runs: list[tuple[str, dict]], level: int = 2) -> No
         "Each run's conditions are stated in its own section."
     )
     claims_tables(doc, None, across_runs(runs), level + 1)
+
+
+def atlas_section(doc: Doc, path: Path, level: int = 2) -> None:
+    """The claims an atlas answers (report/atlas.claims: the claims tables' rules at each
+    cell's middle layer), from its atlas.json."""
+    from ..fileio import read_sealed_json
+    from .atlas import claims
+
+    path = path / "atlas.json" if path.is_dir() else path
+    atlas = read_sealed_json(path, "atlas")
+    doc.h(level, f"Across the atlas: {path}")
+    doc.p(
+        f"Made by `{atlas['command']}`: one eval pass a cell, no SAEs; each claim read at "
+        "the cells' middle layer by the same rules as the tables above."
+    )
+    doc.table(
+        ["claim", "compared", "verdict", "why"],
+        [
+            [claim, shown, f"**{verdict}**", why]
+            for claim, shown, verdict, why in claims(atlas["cells"])
+        ],
+    )
 
 
 def overview(doc: Doc, runs: list[tuple[str, dict]], level: int = 2) -> None:

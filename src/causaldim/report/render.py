@@ -70,14 +70,19 @@ def write_claims(runs: list[Path], out: Path | None) -> str:
     (nothing else is overwritten)."""
     from ..errors import UsageError
     from ..presets import command_for
-    from .claims_doc import across_section, claims_section, overview
+    from .claims_doc import across_section, atlas_section, claims_section, overview
     from .doc import Doc
 
     if out is not None and out.exists() and not out.read_text().startswith(CLAIMS_MARK):
         raise UsageError(
             f"{out} exists and was not written by `causaldim claims`; pass a new --out"
         )
-    loaded = [(p, load_results(p / "results.json" if p.is_dir() else p)) for p in runs]
+    atlases = [p for p in runs if _is_atlas(p)]
+    loaded = [
+        (p, load_results(p / "results.json" if p.is_dir() else p)) for p in runs if p not in atlases
+    ]
+    if not loaded:
+        raise UsageError("causaldim claims: pass at least one run's folder or results.json")
     doc = Doc()
     doc.h(1, "The paper's claims, tested")
     if len(loaded) > 1:
@@ -89,7 +94,14 @@ def write_claims(runs: list[Path], out: Path | None) -> str:
         claims_section(doc, results, level=3)
     if len(loaded) > 1:
         across_section(doc, [(str(p), r) for p, r in loaded])
+    for path in atlases:
+        atlas_section(doc, path)
     text = CLAIMS_MARK + "\n\n" + doc.markdown(out.parent if out else Path.cwd())
     if out is not None:
         atomic_write_bytes(out, text.encode())
     return text
+
+
+def _is_atlas(path: Path) -> bool:
+    """An atlas's folder or its atlas.json (`causaldim atlas`), not a run's."""
+    return path.name == "atlas.json" or (path.is_dir() and (path / "atlas.json").is_file())
