@@ -83,10 +83,12 @@ def table() -> str:
         ),
         (
             "disk, `--preset paper`",
-            f"about {(store + disk['saes']) / GB:,.0f} GB (the store of the paper's "
-            f"{harvest.tokens / 1e6:.1f}M tokens {store / GB:,.0f} GB, SAEs "
-            f"{(disk['saes'] - checkpoint) / GB:,.0f} GB, the widest's checkpoint "
-            f"{checkpoint / GB:,.0f} GB while it trains)",
+            f"about {(store + disk['saes'] + disk['checkpoint']) / GB:,.0f} GB at most: the "
+            f"store of the paper's {harvest.tokens / 1e6:.1f}M tokens {store / GB:,.0f} GB, "
+            f"the SAEs {disk['saes'] / GB:,.0f} GB ({sweep.save_dtype} weights, "
+            f"`--save-dtype`), and the widest's training checkpoint {checkpoint / GB:,.0f} GB "
+            f"while it trains, twice that at a save (`--checkpoint-steps 0`: none, "
+            f"{(store + disk['saes']) / GB:,.0f} GB in all)",
         ),
     ]
     return "\n".join(f"| {a} | {b} |" for a, b in rows)

@@ -33,3 +33,21 @@ def test_each_kind_of_work_is_divided_by_its_own_speed():
     assert rates.seconds(eigs) == pytest.approx(1.0)
     assert rates.seconds(model + 2 * sae + eigs) == pytest.approx(6.0)
     assert rates._replace(model=2e9).seconds(model) == pytest.approx(0.5)
+
+
+def test_the_saes_disk_follows_their_saved_precision(tiny_model):
+    from causaldim.config import HarvestConfig, SweepConfig
+    from causaldim.harvest.plan import plan
+
+    the_plan = plan(HarvestConfig(model=tiny_model("llama"), tokens=256))
+    d, widths = the_plan.source.d_model, [1024, 4096]
+    full = costs.disk_bytes(the_plan, SweepConfig(widths=widths))
+    half = costs.disk_bytes(the_plan, SweepConfig(widths=widths, save_dtype="bfloat16"))
+    assert full["saes"] == (2 * d * 4 + 12) * sum(widths)
+    assert half["saes"] == (2 * d * 2 + 12) * sum(widths)
+    # training keeps float32 weights and moments: two checkpoints at a save, or none
+    checkpoint = costs.checkpoint_bytes(d, max(widths), "adam")
+    assert full["checkpoint"] == half["checkpoint"] == 2 * checkpoint
+    none = costs.disk_bytes(the_plan, SweepConfig(widths=widths, checkpoint_steps=0))
+    assert none["checkpoint"] == 0 and none["total"] == full["total"] - 2 * checkpoint
+    assert full["total"] == full["store"] + full["saes"] + full["checkpoint"]

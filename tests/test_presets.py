@@ -57,6 +57,7 @@ CASES = [
             ("k", 4),
             ("sae_dtype", "bfloat16"),
             ("optimizer", "lean"),
+            ("save_dtype", "float16"),
             ("epochs", 1),
             ("lr", 0.01),
             ("batch_tokens", 128),

@@ -11,6 +11,7 @@ from pathlib import Path
 from .errors import UsageError
 from .executors import EXECUTORS
 from .sae import ARCHITECTURES
+from .sae.formats import SAVE_DTYPES
 from .sae.optim import OPTIMIZERS
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
@@ -378,6 +379,14 @@ class SweepConfig:
         "16 bytes a weight) or 'lean' (the same update from sparse row gradients, first "
         "moments in bfloat16: 10 bytes a weight), for widths past the device's memory.",
         choices=OPTIMIZERS,
+    )
+    save_dtype: str = _opt(
+        "float32",
+        "Precision of the saved SAE weights' matrices: 'float16' or 'bfloat16' halve the "
+        "SAEs' disk (float16 keeps 3 more bits). The weights are rounded to it before the "
+        "SAE is evaluated, so FVE, L0, scores and every later stage read what is on disk "
+        "(docs/measured.md: what it changes).",
+        choices=SAVE_DTYPES,
     )
     epochs: int = _opt(3, "Passes over the train split per SAE.")
     lr: float = _opt(1e-3, "Adam learning rate (falls linearly to 0 over the last 20%).")

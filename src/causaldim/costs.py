@@ -23,6 +23,7 @@ from .harvest import Plan
 from .measures import debias, profile
 from .memory import dense_batch_tokens, sae_training_bytes, step_entries
 from .model.load import decoder_layers, skeleton
+from .sae.formats import SAVE_DTYPES
 from .sae.optim import moment_bytes
 
 # The share of the calibrated speed whole stages reach, and a stage's seconds per
@@ -177,9 +178,18 @@ def checkpoint_bytes(d: int, width: int, optimizer: str) -> int:
     return ((4 + moments) * 2 * d + 3 * 4 * 3) * width
 
 
+def saved_sae_bytes(d: int, width: int, save_dtype: str) -> int:
+    """An SAE folder's weights: W_enc and W_dec in save_dtype, biases and thresholds in
+    float32 (sae/formats.py)."""
+    matrix = torch.finfo(SAVE_DTYPES[save_dtype]).bits // 8
+    return (2 * d * matrix + 3 * 4) * width
+
+
 def disk_bytes(the_plan: Plan, sweep: SweepConfig | None) -> dict[str, int]:
-    """Bytes the run writes: every planned layer's store, and the SAEs of the sweep, if
-    any (and the checkpoint of one SAE at a time: its weights and moments)."""
+    """Bytes the run writes at most: every planned layer's store, the sweep's SAEs (if
+    any) in their saved precision, and the training checkpoint of the widest while it
+    trains: its float32 weights and moments, twice at a save (the new one is whole before
+    the last is removed; --checkpoint-steps 0 writes none)."""
     cfg = the_plan.config
     d, seq = the_plan.source.d_model, cfg.seq_len
     n_train, n_eval = len(the_plan.splits.train) * seq, len(the_plan.splits.eval) * seq
@@ -190,11 +200,17 @@ def disk_bytes(the_plan: Plan, sweep: SweepConfig | None) -> dict[str, int]:
     )
     store *= len(the_plan.store_dirs)
     if sweep is None:
-        return {"store": store, "saes": 0, "total": store}
-    width_sum = sum(sweep.widths) * len(sweep.architectures)
-    sae = 4 * (2 * d + 3) * width_sum  # W_enc, W_dec, biases and thresholds, float32
-    sae += checkpoint_bytes(d, max(sweep.widths), sweep.optimizer)  # the largest one's
-    return {"store": store, "saes": sae, "total": store + sae}
+        return {"store": store, "saes": 0, "checkpoint": 0, "total": store}
+    saes = saved_sae_bytes(d, sum(sweep.widths) * len(sweep.architectures), sweep.save_dtype)
+    checkpoint = 0
+    if sweep.checkpoint_steps and not sweep.imports:
+        checkpoint = 2 * checkpoint_bytes(d, max(sweep.widths), sweep.optimizer)
+    return {
+        "store": store,
+        "saes": saes,
+        "checkpoint": checkpoint,
+        "total": store + saes + checkpoint,
+    }
 
 
 def correction_work(n_eval: int, d: int, readings: int, b: debias.Budget = debias.FULL) -> Work:

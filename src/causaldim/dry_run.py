@@ -104,8 +104,9 @@ def print_plan(
         )
     disk = est["disk_bytes"]
     print(
-        f"disk: store {disk['store'] / 1e6:,.0f} MB, SAEs {disk['saes'] / 1e6:,.0f} MB, "
-        f"total {disk['total'] / 1e9:,.2f} GB"
+        f"disk: store {disk['store'] / 1e6:,.0f} MB, SAEs {disk['saes'] / 1e6:,.0f} MB "
+        f"({sweep_cfg.save_dtype} weights, --save-dtype), {checkpoint_text(disk)}, total "
+        f"{disk['total'] / 1e9:,.2f} GB"
     )
     sec = est["seconds"]
     stages = ", ".join(f"{k} {v:,.0f}" for k, v in sec.items() if k != "total")
@@ -150,5 +151,15 @@ def print_whole(the_plan: Plan, sweep_cfg, analysis_cfg, rates: dict) -> None:
         f"with all {cfg.tokens:,} tokens --tokens asks (a hub --corpus gives them; this "
         f"corpus is short): {est['tokens']['train']:,} train, {est['tokens']['eval']:,} eval; "
         f"time about {sec['total'] / 3600:,.1f} h ({stages} min, the longest stages); disk: "
-        f"store {gb['store']}, SAEs {gb['saes']}, total {gb['total']}; memory as above"
+        f"store {gb['store']}, SAEs {gb['saes']}, training checkpoint {gb['checkpoint']}, "
+        f"total {gb['total']}; memory as above"
+    )
+
+
+def checkpoint_text(disk: dict) -> str:
+    if not disk["checkpoint"]:
+        return "no training checkpoint"
+    return (
+        f"the widest's training checkpoint {disk['checkpoint'] / 1e6:,.0f} MB while it "
+        "trains (two copies at a save; --checkpoint-steps 0: none)"
     )

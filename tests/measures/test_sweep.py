@@ -123,3 +123,35 @@ def test_sae_seeds_train_replicates_beside_the_sweep(tmp_path, store):
         store, tmp_path / "run", dataclasses.replace(cfg, sae_seeds=1), progress=False
     )
     assert [e.name for e in alone] == ["topk-w16", "topk-w32"] and all(e.reused for e in alone)
+
+
+def test_bfloat16_saves_are_what_is_evaluated_and_are_not_mixed_with_float32(
+    tmp_path, store, monkeypatch
+):
+    from safetensors import safe_open
+
+    cfg = dataclasses.replace(SWEEP, widths=[16, 64], architectures=["jumprelu"])
+    full = run_sweep(store, tmp_path / "full", cfg, progress=False)
+    half_cfg = dataclasses.replace(cfg, save_dtype="bfloat16")
+    half = run_sweep(store, tmp_path / "half", half_cfg, progress=False)
+    for f, h in zip(full, half, strict=True):
+        with safe_open(h.folder / "sae.safetensors", "pt") as w:
+            kinds = {name: w.get_slice(name).get_dtype() for name in w.keys()}  # noqa: SIM118
+        assert kinds["W_enc"] == kinds["W_dec"] == "BF16"
+        assert kinds["b_enc"] == kinds["threshold"] == "F32"
+        small, big = ((x.folder / "sae.safetensors").stat().st_size for x in (h, f))
+        assert small < 0.6 * big
+        # the same training: only the rounding differs, and the eval is the saved SAE's
+        loaded = load_entry(h)
+        assert torch.equal(loaded.W_dec, load_entry(f).W_dec.bfloat16().float())
+        again = evaluate(loaded, store)
+        for key in ("fraction_variance_explained", "l0", "dead", "alive"):
+            assert again[key] == pytest.approx(h.meta["eval"][key], rel=1e-6)
+        assert h.meta["request"]["save_dtype"] == "bfloat16"
+        assert "save_dtype" not in f.meta["request"]
+    # a float32 SAE is not taken for a bfloat16 one (nor the other way)
+    calls = []
+    real = sweep_mod.train_sae
+    monkeypatch.setattr(sweep_mod, "train_sae", lambda *a, **k: calls.append(1) or real(*a, **k))
+    run_sweep(store, tmp_path / "full", half_cfg, progress=False)
+    assert len(calls) == len(cfg.widths)

@@ -182,3 +182,23 @@ def test_the_export_names_the_hub_model_and_says_what_its_sae_lens_version_is(tm
         assert note["sae_lens_version_is"] == "the installed SAELens"
     except ImportError:
         assert "SAELens was not installed" in note["sae_lens_version_is"]
+
+
+@pytest.mark.parametrize("save_dtype", ["bfloat16", "float16"])
+def test_a_narrower_save_loads_as_the_rounded_weights_and_keeps_thresholds(tmp_path, save_dtype):
+    from causaldim.sae.formats import SAVE_DTYPES, round_weights
+
+    sae = trained_like("jumprelu")
+    save(sae, tmp_path / "half", save_dtype=save_dtype)
+    back = load(tmp_path / "half")
+    for name in ("W_enc", "W_dec"):
+        exact = getattr(sae, name)
+        assert getattr(back, name).dtype == torch.float32
+        assert torch.equal(getattr(back, name), exact.to(SAVE_DTYPES[save_dtype]).float())
+        assert not torch.equal(getattr(back, name), exact)  # it did round
+    assert torch.equal(back.threshold, sae.threshold) and torch.equal(back.b_enc, sae.b_enc)
+    # rounding first (as the sweep does before it evaluates) makes the save exact
+    rounded = round_weights(sae, save_dtype)
+    save(rounded, tmp_path / "again", save_dtype=save_dtype)
+    again = load(tmp_path / "again")
+    assert all(torch.equal(a, b) for a, b in zip(again.parameters(), rounded.parameters()))

@@ -21,7 +21,16 @@ from ..memory import dense_batch_tokens
 from ..model.sites import equivalents
 from ..sae import SAE, SAEConfig, build
 from ..sae.checkpoint import Checkpoint
-from ..sae.formats import CONFIG, describe_source, load, load_any, read_meta, save, verify
+from ..sae.formats import (
+    CONFIG,
+    describe_source,
+    load,
+    load_any,
+    read_meta,
+    round_weights,
+    save,
+    verify,
+)
 from ..sae.train import Normalizer, TrainSettings, train_sae
 from .splice import ce_loss_recovered
 
@@ -120,6 +129,7 @@ def train_job(job: TrainJob, device: str = "cpu") -> None:
     # Train tokens on which JumpReLU and ReLU get their final exact L0 match.
     held_out = next(store.batches("train", ("h",), 16_384))["h"].to(device)
     arch, width, k = request["architecture"], request["width"], request["k"]
+    save_dtype = request.get("save_dtype", "float32")
     with device:  # the weights are made where they train
         sae = build(SAEConfig(arch, store.d_model, width, k=k if arch == "topk" else None))
     checkpoint = Checkpoint(
@@ -139,9 +149,9 @@ def train_job(job: TrainJob, device: str = "cpu") -> None:
         "hook_name": equivalents(store.manifest["layer"])["saelens"],
         "train_stats": {**stats._asdict(), "seconds": time.perf_counter() - t},
         "normalizer": {"scale": normalizer.scale},
-        "eval": evaluate(sae.requires_grad_(False), store),
+        "eval": evaluate(round_weights(sae.requires_grad_(False), save_dtype), store),
     }
-    save(sae.cpu(), folder, meta)
+    save(sae.cpu(), folder, meta, save_dtype)
     checkpoint.clear()
 
 
@@ -177,6 +187,8 @@ def run_sweep(
             "architecture": arch,
             "width": width,
             "k": cfg.k,
+            # float32 is left out: the SAEs saved before --save-dtype existed stay reusable
+            **({"save_dtype": cfg.save_dtype} if cfg.save_dtype != "float32" else {}),
         }
         if _finished(folder, request, repair) is None:
             job = TrainJob(

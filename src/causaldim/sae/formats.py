@@ -26,11 +26,27 @@ from .imports import Reading, files, gemma_scope, saelens, sparsify
 
 FORMAT = "causaldim-sae/1"
 WEIGHTS, CONFIG = "sae.safetensors", "cfg.json"
+# The saved matrices' precision (--save-dtype); biases and thresholds stay float32: they
+# are a d + 2m sliver of the bytes, and a threshold decides every firing.
+SAVE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+MATRICES = ("W_enc", "W_dec")
 _SAELENS_ARCH = {"topk": "topk", "jumprelu": "jumprelu", "relu": "standard"}
 
 
-def _tensors(sae: SAE) -> dict[str, torch.Tensor]:
+def round_weights(sae: SAE, save_dtype: str) -> SAE:
+    """The SAE's matrices rounded, in place, to the precision they will be saved in: what
+    is evaluated and scored is then what a load gives back."""
+    with torch.no_grad():
+        for name in MATRICES:
+            w = getattr(sae, name)
+            w.copy_(w.to(SAVE_DTYPES[save_dtype]).to(w.dtype))
+    return sae
+
+
+def _tensors(sae: SAE, save_dtype: str = "float32") -> dict[str, torch.Tensor]:
     out = {n: getattr(sae, n).detach().contiguous() for n in ("W_enc", "b_enc", "W_dec", "b_dec")}
+    for name in MATRICES:
+        out[name] = out[name].to(SAVE_DTYPES[save_dtype])
     if sae.architecture == "jumprelu":
         out["threshold"] = sae.threshold.detach().contiguous()
     return out
@@ -64,9 +80,10 @@ def _write_folder(folder: Path, files: dict[str, callable]) -> Path:
     return folder
 
 
-def save(sae: SAE, folder: Path, extra: dict | None = None) -> Path:
-    """Weights and cfg.json, which records the weights' sha256 (checked on load)."""
-    data = save_bytes(_tensors(sae))
+def save(sae: SAE, folder: Path, extra: dict | None = None, save_dtype: str = "float32") -> Path:
+    """Weights (the matrices in save_dtype) and cfg.json, which records the weights'
+    sha256 (checked on load); a load reads them back as float32."""
+    data = save_bytes(_tensors(sae, save_dtype))
     meta = {
         "format": FORMAT,
         "sae": sae.cfg.to_dict(),
