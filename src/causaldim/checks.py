@@ -246,7 +246,9 @@ def check_disk(the_plan: Plan, sweep_cfg: SweepConfig | None) -> None:
     output's disk."""
     missing = [i for i, d in the_plan.store_dirs.items() if not (d / "manifest.json").is_file()]
     need = disk_bytes(the_plan, sweep_cfg)
-    planned = need["saes"] + need["checkpoint"] + need["store"] * len(missing) // len(the_plan.store_dirs)
+    planned = (
+        need["saes"] + need["checkpoint"] + need["store"] * len(missing) // len(the_plan.store_dirs)
+    )
     folder = next(
         p for p in [Path(the_plan.config.out), *Path(the_plan.config.out).parents] if p.exists()
     )

@@ -237,7 +237,12 @@ def _parser(values: dict) -> argparse.ArgumentParser:
         "Markdown (printed, or written to --out).",
     )
     p.add_argument(
-        "runs", type=Path, nargs="+", metavar="RUN", help="A run's folder or its results.json."
+        "runs",
+        type=Path,
+        nargs="+",
+        metavar="RUN",
+        help="A run's folder or its results.json; or an atlas's folder or atlas.json (the "
+        "claims it answers).",
     )
     p.add_argument(
         "--out",
