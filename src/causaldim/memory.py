@@ -5,8 +5,10 @@ measurements; benchmarks/memory.py compares them with measured peaks.
 - Model pass (eval split, the costly one): the weights, plus per sequence the activations
   autograd keeps for the blocks above the lowest harvested layer and the vocabulary-wide
   tensors (logits, their float32 copy for the loss, the loss's softmax, and each probe).
-- SAE training: float32 weights, gradients and both Adam moments (16 bytes per weight),
-  plus one block of pre-activations.
+- SAE training: float32 weights and what the optimiser keeps beside each (Adam: 16 bytes a
+  weight in all; lean: about 10, gradients only on the rows a step names), plus the batch
+  and one block of pre-activations. The same count on a CPU and a GPU; on a GPU the plan
+  takes HEADROOM of the free memory, the rest left to the allocator and the CUDA context.
 - Scoring and evaluation: the SAE's weights, plus per token a few dense [width] rows.
 """
 
