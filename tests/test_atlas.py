@@ -51,6 +51,9 @@ def test_every_cell_layer_rule_and_reading_is_a_row(atlas_run):
     md = (out / "atlas.md").read_text()
     assert "causaldim atlas --models" in md and "## What moves kappa" in md
     assert "minutes: planned, measured" in md
+    if any(r["kappa"] for r in rows):  # model and depth said from the values there are
+        assert "\n- model: kappa / d, the median over layers and cells, " in md
+        assert "\n- depth, " in md
     assert (out / "atlas.png").stat().st_size > 10_000
 
 

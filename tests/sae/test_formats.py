@@ -201,4 +201,6 @@ def test_a_narrower_save_loads_as_the_rounded_weights_and_keeps_thresholds(tmp_p
     rounded = round_weights(sae, save_dtype)
     save(rounded, tmp_path / "again", save_dtype=save_dtype)
     again = load(tmp_path / "again")
-    assert all(torch.equal(a, b) for a, b in zip(again.parameters(), rounded.parameters()))
+    assert all(
+        torch.equal(a, b) for a, b in zip(again.parameters(), rounded.parameters(), strict=True)
+    )

@@ -140,6 +140,50 @@ def _ratio_line(table: list[dict], what: str, a, b, **fixed) -> str | None:
     )
 
 
+def _headline(table: list[dict]) -> list[dict]:
+    return [
+        r
+        for r in table
+        if r["reading"] == HEADLINE and r["outliers"] == "left out" and r["kappa_over_d"]
+    ]
+
+
+def _model_line(table: list[dict]) -> str | None:
+    """kappa / d of each model, the median over its layers and cells."""
+    mine = _headline(table)
+    models = sorted({r["model"] for r in mine})
+    if len(models) < 2:
+        return None
+    parts = [
+        f"{_short(m)} {_median(r['kappa_over_d'] for r in mine if r['model'] == m):.2f}"
+        for m in models
+    ]
+    return (
+        f"model: kappa / d, the median over layers and cells, {', '.join(parts)} (layers "
+        "below the floor left out)"
+    )
+
+
+def _depth_lines(table: list[dict]) -> list[str]:
+    """Per model, kappa / d in each third of the depth (medians over layers and cells)."""
+    mine = _headline(table)
+    out = []
+    for model in sorted({r["model"] for r in mine}):
+        thirds = []
+        for lo, hi, name in ((0, 1 / 3, "first"), (1 / 3, 2 / 3, "middle"), (2 / 3, 1.01, "last")):
+            part = [
+                r["kappa_over_d"] for r in mine if r["model"] == model and lo <= r["depth"] < hi
+            ]
+            if part:
+                thirds.append(f"{name} third {_median(part):.2f}")
+        if len(thirds) > 1:
+            out.append(
+                f"depth, {_short(model)}: kappa / d {', '.join(thirds)} (medians over the "
+                "layers and cells of each third)"
+            )
+    return out
+
+
 def markdown(
     cfg: dict, cells: list[dict], table: list[dict], command: str, missing: list[str] = ()
 ) -> str:
@@ -205,6 +249,7 @@ def markdown(
             for other in ("logits_uncentred", "loss", "fisher")
         ),
     ]
+    found += [_model_line(table), *_depth_lines(table)]
     lines += [f"- {line}." for line in found if line]
     lines += [
         "",
