@@ -53,3 +53,15 @@ def test_the_readme_memory_guide_is_what_the_memory_model_computes():
     guide = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(guide)
     assert guide.in_readme(README) == guide.table(), "run python benchmarks/readme_memory.py"
+
+
+def test_the_docs_atlases_are_what_their_atlas_json_renders():
+    from causaldim.atlas import markdown_of
+    from causaldim.fileio import read_sealed_json
+
+    found = sorted((Path(__file__).parents[1] / "docs").glob("*/atlas.json"))
+    assert found, "docs/ holds the claims' atlases with their atlas.json"
+    for path in found:
+        saved = read_sealed_json(path, "atlas")
+        assert markdown_of(saved) == (path.parent / "atlas.md").read_text(), path
+        assert saved["command"] in (path.parent / "atlas.md").read_text()

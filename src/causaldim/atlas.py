@@ -244,19 +244,26 @@ def write(cfg: AtlasConfig, cells: list[dict], command: str) -> list[Path]:
     from .report import atlas as report
 
     out = Path(cfg.out)
+    saved = {"config": cfg.to_dict(), "command": command, "cells": cells}
+    write_sealed_json(out / "atlas.json", saved)
     table = report.rows(cells)
-    write_sealed_json(
-        out / "atlas.json", {"config": cfg.to_dict(), "command": command, "cells": cells}
-    )
     paths = [
         out / "atlas.json",
         report.write_csv(table, out / "atlas.csv"),
         report.figure(table, out / "atlas.png"),
     ]
+    (out / "atlas.md").write_text(markdown_of(saved))
+    return [*paths, out / "atlas.md"]
+
+
+def markdown_of(saved: dict) -> str:
+    """atlas.md from what atlas.json holds: its grid, command and cells."""
+    from .report import atlas as report
+
+    cfg, cells = AtlasConfig(**saved["config"]), saved["cells"]
     measured = {Cell(**c["cell"]) for c in cells}
     missing = [cell.name for cell in cfg.cells() if cell not in measured]
-    (out / "atlas.md").write_text(report.markdown(cfg.to_dict(), cells, table, command, missing))
-    return [*paths, out / "atlas.md"]
+    return report.markdown(saved["config"], cells, report.rows(cells), saved["command"], missing)
 
 
 class CellCost(NamedTuple):
