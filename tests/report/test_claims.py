@@ -450,14 +450,15 @@ def test_the_report_says_what_each_width_loses_to_the_firing_floor():
     assert [r["n_too_rare_other"] for r in width_rows(results)] == [0, 12, 340]
 
 
-def test_docs_claims_md_is_what_causaldim_claims_writes_from_docs_replicate(monkeypatch):
+def test_docs_claims_md_is_what_causaldim_claims_writes_from_the_docs_runs_and_atlases(monkeypatch):
     from pathlib import Path
 
     from causaldim.report.render import write_claims
 
     root = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(root)
-    assert write_claims([Path("docs/replicate")], None) == (root / "docs/claims.md").read_text()
+    runs = [Path("docs/replicate"), *sorted(Path("docs").glob("atlas-*"))]
+    assert write_claims(runs, None) == (root / "docs/claims.md").read_text()
 
 
 def test_claims_of_several_runs_open_with_one_table_a_column_per_run(tmp_path):

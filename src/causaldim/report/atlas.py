@@ -103,6 +103,7 @@ def figure(table: list[dict], path: Path) -> Path:
         ax.set(title=_short(corpus), ylabel="kappa / d")
         ax.set_xlabel("relative depth (layer / (layers - 1))")
         ax.set_ylim(0, 1)
+        ax.set_xlim(-0.03, 1.03)  # the whole depth, also where an atlas measured a few
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8)
     fig.tight_layout(rect=(0, 0.12, 1, 1))
