@@ -21,9 +21,8 @@ from .config import AnalysisConfig, SweepConfig
 from .devices import describe, planned
 from .harvest import Plan
 from .measures import debias, profile
-from .memory import dense_batch_tokens, sae_training_bytes, step_entries
+from .memory import dense_batch_tokens, element_bytes, sae_training_bytes, step_entries
 from .model.load import decoder_layers, skeleton
-from .sae.formats import SAVE_DTYPES
 from .sae.optim import moment_bytes
 
 # The share of the calibrated speed whole stages reach, and a stage's seconds per
@@ -181,8 +180,7 @@ def checkpoint_bytes(d: int, width: int, optimizer: str) -> int:
 def saved_sae_bytes(d: int, width: int, save_dtype: str) -> int:
     """An SAE folder's weights: W_enc and W_dec in save_dtype, biases and thresholds in
     float32 (sae/formats.py)."""
-    matrix = torch.finfo(SAVE_DTYPES[save_dtype]).bits // 8
-    return (2 * d * matrix + 3 * 4) * width
+    return (2 * d * element_bytes(save_dtype) + 3 * 4) * width
 
 
 def disk_bytes(the_plan: Plan, sweep: SweepConfig | None) -> dict[str, int]:
