@@ -139,12 +139,15 @@ def test_depths_measure_only_their_layers_to_the_whole_grids_numbers(atlas_run, 
     }
 
 
-def test_profile_layers_scale_the_sums_and_the_profiles_work(tiny_model):
+def test_profile_layers_scale_the_sums_and_the_profiles_work(tiny_model, tmp_path):
     from causaldim import costs
     from causaldim.config import AnalysisConfig, HarvestConfig, SweepConfig
     from causaldim.harvest.plan import plan
 
-    the_plan = plan(HarvestConfig(model=tiny_model("llama"), tokens=256), profile=True)
+    the_plan = plan(
+        HarvestConfig(model=tiny_model("llama"), tokens=256, out=str(tmp_path / "run")),
+        profile=True,
+    )
     rates = costs.Rates(model=1e9, sae=2e9, eig=0.01, source="given")
     sweep, analysis = SweepConfig(widths=[16]), AnalysisConfig(profile=True)
     n = the_plan.source.n_layers

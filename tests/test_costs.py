@@ -35,11 +35,11 @@ def test_each_kind_of_work_is_divided_by_its_own_speed():
     assert rates._replace(model=2e9).seconds(model) == pytest.approx(0.5)
 
 
-def test_the_saes_disk_follows_their_saved_precision(tiny_model):
+def test_the_saes_disk_follows_their_saved_precision(tiny_model, tmp_path):
     from causaldim.config import HarvestConfig, SweepConfig
     from causaldim.harvest.plan import plan
 
-    the_plan = plan(HarvestConfig(model=tiny_model("llama"), tokens=256))
+    the_plan = plan(HarvestConfig(model=tiny_model("llama"), tokens=256, out=str(tmp_path / "run")))
     d, widths = the_plan.source.d_model, [1024, 4096]
     full = costs.disk_bytes(the_plan, SweepConfig(widths=widths))
     half = costs.disk_bytes(the_plan, SweepConfig(widths=widths, save_dtype="bfloat16"))
