@@ -17,11 +17,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from causaldim.config import SweepConfig
 from causaldim.executors import LocalExecutor, RayExecutor
 from causaldim.harvest.store import Store
 from causaldim.measures.sweep import run_sweep
 from causaldim.sae.formats import read_meta
+from causaldim.sweep_config import SweepConfig
 
 
 def default_store() -> Path:

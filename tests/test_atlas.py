@@ -141,8 +141,9 @@ def test_depths_measure_only_their_layers_to_the_whole_grids_numbers(atlas_run, 
 
 def test_profile_layers_scale_the_sums_and_the_profiles_work(tiny_model, tmp_path):
     from causaldim import costs
-    from causaldim.config import AnalysisConfig, HarvestConfig, SweepConfig
+    from causaldim.config import AnalysisConfig, HarvestConfig
     from causaldim.harvest.plan import plan
+    from causaldim.sweep_config import SweepConfig
 
     the_plan = plan(
         HarvestConfig(model=tiny_model("llama"), tokens=256, out=str(tmp_path / "run")),

@@ -203,8 +203,9 @@ def test_not_enough_disk_is_refused_before_any_work(
 def test_a_config_file_sets_what_flags_do_not(tmp_path, tiny_model, text_corpus):
     """File over preset, flags over file; a results.json's config block is accepted."""
     from causaldim.cli import _config, _parser
-    from causaldim.config import HarvestConfig, SweepConfig
+    from causaldim.config import HarvestConfig
     from causaldim.presets import PRESETS, read_config_file
+    from causaldim.sweep_config import SweepConfig
 
     config = _json(tmp_path, {"harvest": {"tokens": 4096, "seq_len": 64}, "sweep": {"k": 8}})
     values = {**PRESETS["smoke"], **read_config_file(config)}
@@ -320,7 +321,8 @@ def test_output_folder_of_another_harvest_is_refused(tmp_path, tiny_model, text_
 def _float_fields():
     import dataclasses
 
-    from causaldim.config import AnalysisConfig, HarvestConfig, SweepConfig
+    from causaldim.config import AnalysisConfig, HarvestConfig
+    from causaldim.sweep_config import SweepConfig
 
     for cls in (HarvestConfig, AnalysisConfig, SweepConfig):
         for f in dataclasses.fields(cls):

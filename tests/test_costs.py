@@ -36,8 +36,9 @@ def test_each_kind_of_work_is_divided_by_its_own_speed():
 
 
 def test_the_saes_disk_follows_their_saved_precision(tiny_model, tmp_path):
-    from causaldim.config import HarvestConfig, SweepConfig
+    from causaldim.config import HarvestConfig
     from causaldim.harvest.plan import plan
+    from causaldim.sweep_config import SweepConfig
 
     the_plan = plan(HarvestConfig(model=tiny_model("llama"), tokens=256, out=str(tmp_path / "run")))
     d, widths = the_plan.source.d_model, [1024, 4096]

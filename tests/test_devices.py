@@ -13,7 +13,7 @@ from test_faults import args_for, numbers
 
 from causaldim import cli, devices, memory
 from causaldim.checks import check
-from causaldim.config import AnalysisConfig, SweepConfig
+from causaldim.config import AnalysisConfig
 from causaldim.controls.ablation import atp_vs_ablation
 from causaldim.controls.task import task_recovery
 from causaldim.devices import resolve_device, resolve_dtype
@@ -26,6 +26,7 @@ from causaldim.measures.sigma import measure
 from causaldim.measures.splice import ce_loss_recovered
 from causaldim.measures.sweep import load_entries, run_sweep
 from causaldim.memory import ModelPassMemory, model_batch_size
+from causaldim.sweep_config import SweepConfig
 
 CUDA = torch.cuda.is_available()
 GiB = 2**30

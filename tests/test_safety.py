@@ -13,9 +13,9 @@ from test_faults import args_for, numbers
 
 import causaldim
 from causaldim import cli
-from causaldim.config import SweepConfig
 from causaldim.harvest.store import write_store
 from causaldim.measures.sweep import run_sweep
+from causaldim.sweep_config import SweepConfig
 
 
 def test_the_same_config_gives_the_same_numbers(tmp_path, tiny_model, text_corpus):

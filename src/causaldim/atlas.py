@@ -15,13 +15,13 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
 
-from .config import AnalysisConfig, HarvestConfig
+from .config import AnalysisConfig, HarvestConfig, option
 from .devices import peak_bytes, reset_peak
 from .errors import UsageError
 from .fileio import read_sealed_json, write_sealed_json
@@ -29,37 +29,31 @@ from .harvest import harvest, plan
 from .measures import profile
 
 
-def _opt(default, help: str):
-    if isinstance(default, list):  # a fresh list per config
-        return field(default_factory=lambda: list(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
-
-
 @dataclass
 class AtlasConfig:
     """The grid and what each cell reads."""
 
-    models: list[str] = _opt(
+    models: list[str] = option(
         ["smollm2-135m", "gemma3-270m"], "Models: embedded names, hub names, folders, .gguf."
     )
-    corpora: list[str] = _opt(
+    corpora: list[str] = option(
         ["builtin", "speeches"], "Corpora: built-in names, mixtures (a+b), files, hub names."
     )
-    seq_lens: list[int] = _opt([128, 512], "Context lengths (tokens a sequence).")
-    eval_tokens: int = _opt(16_384, "Eval tokens a cell (its one pass).")
-    depths: list[float] = _opt(
+    seq_lens: list[int] = option([128, 512], "Context lengths (tokens a sequence).")
+    eval_tokens: int = option(16_384, "Eval tokens a cell (its one pass).")
+    depths: list[float] = option(
         [],
         "Relative depths to measure (0: the first block, 1: the last; each to its nearest "
         "layer). None given: every layer. Fewer layers make a cell cheaper per eval token.",
     )
-    profile_blocks: int = _opt(8, "Sequence blocks of each layer's sums (memory: see --dry-run).")
-    seed: int = _opt(0, "Seed of the sequences and the probes.")
-    max_minutes: float | None = _opt(
+    profile_blocks: int = option(8, "Sequence blocks of each layer's sums (memory: see --dry-run).")
+    seed: int = option(0, "Seed of the sequences and the probes.")
+    max_minutes: float | None = option(
         None,
         "Start no new cell after this many minutes; atlas.md then lists the cells not yet "
         "measured, and the same command measures them (0: only write what is finished).",
     )
-    out: str = _opt("runs/atlas", "Output folder: cells/, atlas.csv, atlas.json, figures.")
+    out: str = option("runs/atlas", "Output folder: cells/, atlas.csv, atlas.json, figures.")
 
     def cells(self) -> list[Cell]:
         return [Cell(m, c, s) for m in self.models for c in self.corpora for s in self.seq_lens]
@@ -281,8 +275,8 @@ class CellCost(NamedTuple):
 
 def estimate(cfg: AtlasConfig, the_plan) -> CellCost:
     """A cell's time and peak memory as planned (speeds measured here, now)."""
-    from .config import SweepConfig
     from .costs import estimate as plan_costs
+    from .sweep_config import SweepConfig
 
     analysis = AnalysisConfig(profile=True, profile_blocks=cfg.profile_blocks)
     est = plan_costs(

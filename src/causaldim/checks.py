@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 
 from . import controls
-from .config import AnalysisConfig, HarvestConfig, SweepConfig
+from .config import AnalysisConfig, HarvestConfig
 from .costs import disk_bytes
 from .devices import memory, resolve_dtype
 from .errors import UsageError
@@ -28,6 +28,7 @@ from .model.sites import NotABlockOutput, equivalents
 from .presets import PRESETS, unused_settings
 from .sae import releases
 from .sae.formats import check_weights, describe_source, peek_d_in
+from .sweep_config import SweepConfig
 
 
 class Plans(NamedTuple):

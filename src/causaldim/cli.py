@@ -11,10 +11,11 @@ import typing
 from pathlib import Path
 
 from . import __version__
-from .config import AnalysisConfig, HarvestConfig, SweepConfig
+from .config import AnalysisConfig, HarvestConfig
 from .devices import PROFILES
 from .errors import IntegrityError, UsageError
 from .presets import DEFAULT_RUN_MINUTES, PRESETS, read_config_file
+from .sweep_config import SweepConfig
 
 
 def _add_config_args(parser: argparse.ArgumentParser, cls, preset: dict) -> None:

@@ -7,12 +7,12 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import UsageError
-from .executors import EXECUTORS
-from .sae import ARCHITECTURES
-from .sae.formats import SAVE_DTYPES
-from .sae.optim import OPTIMIZERS
+
+if TYPE_CHECKING:  # sweep_config imports this module's helpers
+    from .sweep_config import SweepConfig
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
 DTYPE_CHOICES = ("auto", *COMPUTE_DTYPES)
@@ -33,7 +33,11 @@ CONTROLS = (
 ATP_NORMALISATIONS = ("all", "firing")  # what AtP_i is the mean over: every token, or its firings
 
 
-def _opt(default, help: str, **kw):
+def option(default, help: str, **kw):
+    """A config field whose help becomes its command-line help (a list default: a fresh
+    copy per config)."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help, **kw})
     return field(default=default, metadata={"help": help, **kw})
 
 
@@ -41,108 +45,108 @@ def _opt(default, help: str, **kw):
 class HarvestConfig:
     """What to run the model on, and where the activation-and-gradient store goes."""
 
-    model: str = _opt(
+    model: str = option(
         "smollm2-135m",
         "Model: 'smollm2-135m' or 'gemma3-270m' (embedded, offline), a Hugging Face hub "
         "name, a local model folder, or a .gguf file.",
     )
-    layer: int | None = _opt(
+    layer: int | None = option(
         None, "Layer L whose output residual stream is measured (0-based); default: the middle."
     )
-    layers_path: str | None = _opt(
+    layers_path: str | None = option(
         None,
         "Dotted path of the model's list of blocks (e.g. 'model.layers'); only needed "
         "for model families causaldim does not know.",
     )
-    corpus: str = _opt(
+    corpus: str = option(
         "builtin",
         "Text to run on: 'builtin' (docstrings of this Python's standard library), a .txt "
         "file or folder of .txt files, a .jsonl file, a local HF dataset folder, or a "
         "Hugging Face hub dataset by name (e.g. 'NeelNanda/pile-10k'; streamed, only the "
         "documents --tokens needs are read, and cached).",
     )
-    corpus_config: str | None = _opt(
+    corpus_config: str | None = option(
         None, "Config (subset) of a hub --corpus, e.g. 'sample-10BT'; default: its default."
     )
-    corpus_split: str = _opt("train", "Split of a hub --corpus to read.")
-    corpus_revision: str | None = _opt(
+    corpus_split: str = option("train", "Split of a hub --corpus to read.")
+    corpus_revision: str | None = option(
         None,
         "Branch, tag or commit sha of a hub --corpus; default: its latest commit (the sha "
         "read is recorded). A cached copy of a pinned revision is used without the network.",
     )
-    text_field: str = _opt(
+    text_field: str = option(
         "text", "Field holding the text in .jsonl files and HF datasets (local or hub)."
     )
     # 65,536 train and 16,384 eval tokens: on the embedded model the direct readings needed
     # about 11,500-14,500 eval tokens to reach 4 independent equivalents a dimension (the
     # rule before it took 8: twice that now, which --until-converged harvests), and the
     # train split is what it was.
-    tokens: int = _opt(
+    tokens: int = option(
         81_920, "Tokens to harvest in all (train + eval); fewer if the corpus is smaller."
     )
-    eval_fraction: float = _opt(
+    eval_fraction: float = option(
         0.2,
         "Fraction of sequences in the eval split (h, gradients, probes; the costly part); "
         "the rest train SAEs.",
     )
-    seq_len: int = _opt(128, "Tokens per sequence.")
-    batch_size: int | None = _opt(
+    seq_len: int = option(128, "Tokens per sequence.")
+    batch_size: int | None = option(
         None,
         "Sequences per model batch; default: on a GPU as many as fit in its free memory, "
         "on the CPU 8 (--dry-run prints the choice and the memory estimate).",
     )
-    logit_probes: int = _opt(
+    logit_probes: int = option(
         1,
         "Gaussian probes per eval position for Sigma_logits (each costs one backward from "
         "the logits down to L; 0: none).",
     )
-    fisher_probes: int = _opt(
+    fisher_probes: int = option(
         1, "Probes per eval position for Sigma_fisher, y drawn from the model (0: none)."
     )
-    device: str = _opt(
+    device: str = option(
         "auto",
         "Where the model pass, SAE training, scoring and splicing run: 'auto' (the first "
         "CUDA GPU if there is one, else the CPU), 'cpu', 'cuda' or 'cuda:N'.",
     )
-    dtype: str = _opt(
+    dtype: str = option(
         "auto",
         "Model compute dtype; 'auto': bfloat16 on GPUs fast at it (compute capability 8.0 "
         "on), float32 elsewhere.",
         choices=DTYPE_CHOICES,
     )
-    store_dtype: str = _opt(
+    store_dtype: str = option(
         "float32",
         "Dtype of h and g on disk (float16 stores a recorded per-shard scale).",
         choices=STORE_DTYPES,
     )
-    outlier_factor: float = _opt(
+    outlier_factor: float = option(
         10.0,
         "Tokens whose residual norm exceeds this multiple of the median norm (and every "
         "position 0) are flagged as outliers and left out downstream.",
     )
-    shard_tokens: int = _opt(16_384, "Tokens per store shard (bounds memory while writing).")
-    until_converged: bool = _opt(
+    shard_tokens: int = option(16_384, "Tokens per store shard (bounds memory while writing).")
+    until_converged: bool = option(
         False,
         "Harvest further eval sequences in rounds (from the corpus beyond --tokens, each "
         "round reusing the ones before) until the headline direct kappa converges, its "
         "interval is as narrow as --target-width asks, or --max-eval-tokens is reached.",
     )
-    max_eval_tokens: int = _opt(
+    max_eval_tokens: int = option(
         262_144, "With --until-converged: the most eval tokens, all rounds together."
     )
-    target_width: float | None = _opt(
+    target_width: float | None = option(
         None,
         "With --until-converged: also go on until the headline's 95% interval's half-width "
         "is at most this share of its value (e.g. 0.02); default: converged is enough.",
     )
-    seed: int = _opt(0, "Seed for the split, data order and everything random.")
-    out: str = _opt("runs/default", "Output folder of the run; the store lives under it.")
-    repair: bool = _opt(
+    seed: int = option(0, "Seed for the split, data order and everything random.")
+    out: str = option("runs/default", "Output folder of the run; the store lives under it.")
+    repair: bool = option(
         False,
         "Recompute damaged artifacts (store shards, SAEs, checkpoints) instead of stopping "
         "with an error that names them.",
     )
-    trust_remote_code: bool = _opt(
+    trust_remote_code: bool = option(
         False, "Allow a hub model's own Python code to run (only for models that need it)."
     )
 
@@ -152,12 +156,12 @@ class HarvestConfig:
         positive = ("tokens", "seq_len", "batch_size", "shard_tokens", "max_eval_tokens")
         for name in positive:
             if getattr(self, name) is not None and getattr(self, name) <= 0:
-                raise UsageError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
+                raise UsageError(f"--{flag_of(name)} must be positive, got {getattr(self, name)}")
         if self.seq_len < 2:
             raise UsageError("--seq-len must be at least 2 (a next token is needed for the loss)")
         for name in ("logit_probes", "fisher_probes"):
             if getattr(self, name) < 0:
-                raise UsageError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
+                raise UsageError(f"--{flag_of(name)} must be >= 0, got {getattr(self, name)}")
         if self.layer is not None and self.layer < 0:
             raise UsageError(f"--layer must be >= 0, got {self.layer}")
         if not 0.0 < self.eval_fraction < 1.0:
@@ -176,7 +180,7 @@ class HarvestConfig:
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:
                 raise UsageError(
-                    f"--{_flag(f.name)} must be one of {', '.join(choices)}, "
+                    f"--{flag_of(f.name)} must be one of {', '.join(choices)}, "
                     f"got {getattr(self, f.name)!r}"
                 )
         out = Path(self.out)
@@ -195,47 +199,47 @@ class AnalysisConfig:
     """How the measurements are summarised: the direct Sigma estimates, the calibration of
     AtP scores and the kappa_hat fits, and their intervals."""
 
-    blocks: int = _opt(
+    blocks: int = option(
         32,
         "Sequence blocks: the units of Sigma's jackknife and convergence curve and of the "
         "SAE-side bootstraps.",
     )
-    bootstrap: int = _opt(
+    bootstrap: int = option(
         200, "Bootstrap resamples of sequence blocks for the SAE-side numbers (0: none)."
     )
-    percentile: float = _opt(
+    percentile: float = option(
         98.0, "epsilon = this percentile of AtP over the reference width's features."
     )
-    reference_width: int | None = _opt(
+    reference_width: int | None = option(
         None, "Width whose AtP scores calibrate epsilon; default: the smallest of the sweep."
     )
-    atp_normalisation: str = _opt(
+    atp_normalisation: str = option(
         "all",
         "AtP_i as the mean of |f_i (g . d_i)| over all eval tokens ('all', the paper's "
         "formula as written) or over the tokens where feature i fires ('firing'); the "
         "report shows the other beside it.",
         choices=ATP_NORMALISATIONS,
     )
-    min_firings: int = _opt(
+    min_firings: int = option(
         20,
         "Under the firing-token AtP reading, features that fire on fewer eval tokens than "
         "this are too rare to score: counted apart, never causal (one or two firings would "
         "score a feature by its largest single effect).",
     )
-    include_outliers: bool = _opt(False, "Keep outlier tokens (position 0, huge norms) in.")
-    min_samples_per_dim: float = _opt(
+    include_outliers: bool = option(False, "Keep outlier tokens (position 0, huge norms) in.")
+    min_samples_per_dim: float = option(
         10.0, "Warn when rank-1 samples are fewer than this many times d."
     )
-    converged_change: float = _opt(
+    converged_change: float = option(
         0.05, "Warn when erank still moves by more than this fraction over the last doubling."
     )
-    read_tokens: int = _opt(4096, "Tokens read from the store at a time (bounds memory).")
-    profile: bool = _opt(
+    read_tokens: int = option(4096, "Tokens read from the store at a time (bounds memory).")
+    profile: bool = option(
         False,
         "Also measure Sigma at every layer in the eval pass (its backward runs on down to "
         "block 0): corrected erank and unbiased PR of each reading against depth.",
     )
-    profile_blocks: int = _opt(
+    profile_blocks: int = option(
         16,
         "Sequence blocks of the profile's estimates (each layer and reading keeps a d x d "
         "sum per block: memory grows with it).",
@@ -249,7 +253,7 @@ class AnalysisConfig:
             "choices": ("all", *CONTROLS),
         },
     )
-    control_epochs: int | None = _opt(
+    control_epochs: int | None = option(
         None,
         "Epochs of the SAEs the depth, scale and architectures controls train of their own "
         "(default: --epochs): a lighter sweep for them, which their sections state. With "
@@ -260,9 +264,9 @@ class AnalysisConfig:
         default_factory=list,
         metadata={"help": "Widths of those controls' own sweeps (default: --widths)."},
     )
-    ablation_features: int = _opt(16, "Features per width really ablated (control 'ablation').")
-    ablation_sequences: int = _opt(16, "Eval sequences they are ablated on (control 'ablation').")
-    task_prompts: int = _opt(64, "Generated subject-verb agreement prompts (control 'task').")
+    ablation_features: int = option(16, "Features per width really ablated (control 'ablation').")
+    ablation_sequences: int = option(16, "Eval sequences they are ablated on (control 'ablation').")
+    task_prompts: int = option(64, "Generated subject-verb agreement prompts (control 'task').")
     depth_layers: list[int] = field(
         default_factory=list,
         metadata={
@@ -270,7 +274,7 @@ class AnalysisConfig:
             "default: 1, n/4, n/2, 3n/4 and n-2 of the model's n blocks."
         },
     )
-    scale_model: str | None = _opt(
+    scale_model: str | None = option(
         None,
         "A second model of the same family for control 'scale' (hub name, folder or "
         ".gguf), measured at the same relative depth and with the same sweep.",
@@ -336,7 +340,7 @@ class AnalysisConfig:
         return dataclasses.asdict(self)
 
 
-def _flag(name: str) -> str:
+def flag_of(name: str) -> str:
     return name.replace("_", "-")
 
 
@@ -348,160 +352,4 @@ def check_finite(cfg) -> None:
         values = value if isinstance(value, (list, tuple)) else [value]
         bad = [v for v in values if isinstance(v, float) and not math.isfinite(v)]
         if bad:
-            raise UsageError(f"--{_flag(f.name)} must be a finite number, got {bad[0]}")
-
-
-@dataclass
-class SweepConfig:
-    """The SAE width sweep: which SAEs, and how they are trained."""
-
-    widths: list[int] = field(
-        default_factory=lambda: [256, 512, 1024, 2048, 4096],
-        metadata={"help": "SAE widths, increasing (the smallest is the reference width)."},
-    )
-    architectures: list[str] = field(
-        default_factory=lambda: ["topk"],
-        metadata={
-            "help": "Architectures to train: topk, jumprelu, relu.",
-            "choices": tuple(ARCHITECTURES),
-        },
-    )
-    k: int = _opt(32, "TopK's k, and the target L0 of JumpReLU and ReLU (matched L0).")
-    sae_dtype: str = _opt(
-        "auto",
-        "Dtype of the dense encoder product in training (weights and optimiser stay "
-        "float32); 'auto': bfloat16 on GPUs fast at it, float32 elsewhere.",
-        choices=DTYPE_CHOICES,
-    )
-    optimizer: str = _opt(
-        "adam",
-        "SAE optimiser: 'adam' (torch's Adam: float32 weights, gradients and both moments, "
-        "16 bytes a weight) or 'lean' (the same update from sparse row gradients, first "
-        "moments in bfloat16: 10 bytes a weight), for widths past the device's memory.",
-        choices=OPTIMIZERS,
-    )
-    save_dtype: str = _opt(
-        "float32",
-        "Precision of the saved SAE weights' matrices: 'float16' or 'bfloat16' halve the "
-        "SAEs' disk (float16 keeps 3 more bits). The weights are rounded to it before the "
-        "SAE is evaluated, so FVE, L0, scores and every later stage read what is on disk "
-        "(docs/measured.md: what it changes).",
-        choices=SAVE_DTYPES,
-    )
-    epochs: int = _opt(3, "Passes over the train split per SAE.")
-    lr: float = _opt(1e-3, "Adam learning rate (falls linearly to 0 over the last 20%).")
-    batch_tokens: int = _opt(1024, "Tokens per training step.")
-    dead_tokens: int | None = _opt(
-        None,
-        "A feature silent for this many training tokens counts as dead (AuxK revives it); "
-        "default: a tenth of the tokens each SAE trains on (tokens x epochs).",
-    )
-    sae_seeds: int = _opt(
-        1,
-        "Trainings per width, with seeds seed, seed + 1, ...: the first gives the point "
-        "estimates; with more, every resample of the intervals draws one training per "
-        "width, so they carry the training's variance.",
-    )
-    checkpoint_steps: int = _opt(
-        100,
-        "Save each SAE's training state every this many steps, so that a killed sweep "
-        "resumes mid-SAE (0: never).",
-    )
-    sae_paths: list[str] = field(
-        default_factory=list,
-        metadata={
-            "help": "SAEs trained elsewhere, used instead of training: Gemma Scope "
-            "params.npz files, SAELens or sparsify folders (their widths make the sweep)."
-        },
-    )
-    sae_release: str | None = _opt(
-        None,
-        "Pretrained SAEs by name, used instead of training: a release as SAELens names it "
-        "(gemma-scope-2b-pt-res, gemma-scope-9b-pt-res, gpt2-small-res-jb, "
-        "EleutherAI/sae-llama-3-8b-32x, ...) or any hub repo 'owner/name'; the SAEs are "
-        "named by --sae-ids and fetched into the Hugging Face cache.",
-    )
-    sae_ids: list[str] = field(
-        default_factory=list,
-        metadata={
-            "help": "The SAEs of --sae-release, as their folders in its repo (e.g. "
-            "layer_12/width_16k/average_l0_82 layer_12/width_65k/average_l0_72; "
-            "blocks.7.hook_resid_pre; layers.12): their widths make the sweep."
-        },
-    )
-    executor: str = _opt(
-        "local",
-        "Where the SAE and scoring jobs run: 'local' (this process) or 'ray' (Ray tasks, "
-        "one CPU each, or one GPU each where there are GPUs; pip install 'causaldim[ray]').",
-        choices=EXECUTORS,
-    )
-    ray_address: str | None = _opt(
-        None, "Ray cluster to join (e.g. 'auto'); default: start a local one."
-    )
-    ce_sequences: int = _opt(
-        8,
-        "Eval sequences on which each SAE is spliced into the model (CE loss recovered); 0: skip.",
-    )
-
-    @property
-    def imports(self) -> bool:
-        """Whether the sweep's SAEs are imported (--sae-paths or --sae-release), not trained."""
-        return bool(self.sae_paths or self.sae_release)
-
-    def check(self) -> None:
-        check_finite(self)
-        missing = [p for p in self.sae_paths if not Path(p).exists()]
-        if missing:
-            raise UsageError(f"--sae-paths: {missing[0]} does not exist")
-        if self.sae_release and self.sae_paths:
-            raise UsageError(
-                "--sae-release and --sae-paths both name the sweep's SAEs; pass one of them"
-            )
-        if self.sae_ids and not self.sae_release:
-            raise UsageError(
-                "--sae-ids names SAEs of a release; pass the release with --sae-release "
-                "(e.g. --sae-release gemma-scope-2b-pt-res)"
-            )
-        if self.sae_release and not self.sae_ids:
-            raise UsageError(
-                f"--sae-release {self.sae_release}: name its SAEs with --sae-ids (e.g. "
-                "--sae-ids layer_12/width_16k/average_l0_82 for gemma-scope-2b-pt-res)"
-            )
-        if not self.widths or any(w <= 0 for w in self.widths):
-            raise UsageError("--widths must be positive integers")
-        if sorted(set(self.widths)) != list(self.widths):
-            raise UsageError(f"--widths must be strictly increasing, got {self.widths}")
-        bad = [a for a in self.architectures if a not in ARCHITECTURES]
-        if bad or not self.architectures:
-            raise UsageError(f"--architectures must be among {', '.join(ARCHITECTURES)}")
-        if self.k <= 0 or self.k > self.widths[0]:
-            raise UsageError(f"--k must lie in 1..{self.widths[0]} (the smallest width)")
-        if self.sae_seeds < 1:
-            raise UsageError(f"--sae-seeds must be at least 1, got {self.sae_seeds}")
-        if self.sae_seeds > 1 and self.imports:
-            flag = "--sae-paths" if self.sae_paths else "--sae-release"
-            raise UsageError(f"--sae-seeds trains replicates; with {flag} nothing is trained")
-        if self.ce_sequences < 0:
-            raise UsageError("--ce-sequences must be >= 0")
-        if self.checkpoint_steps < 0:
-            raise UsageError("--checkpoint-steps must be >= 0")
-        if self.executor not in EXECUTORS:
-            raise UsageError(
-                f"--executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}"
-            )
-        for name in ("epochs", "batch_tokens", "dead_tokens"):
-            if getattr(self, name) is not None and getattr(self, name) <= 0:
-                raise UsageError(f"--{_flag(name)} must be positive")
-        if self.lr <= 0:
-            raise UsageError("--lr must be positive")
-        if self.sae_dtype not in DTYPE_CHOICES:
-            raise UsageError(f"--sae-dtype must be one of {', '.join(DTYPE_CHOICES)}")
-        if self.optimizer not in OPTIMIZERS:
-            raise UsageError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}")
-
-    def dead_tokens_for(self, trained_tokens: int) -> int:
-        """--dead-tokens, or its default for SAEs that train on this many tokens."""
-        return self.dead_tokens or max(1, trained_tokens // 10)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+            raise UsageError(f"--{flag_of(f.name)} must be a finite number, got {bad[0]}")

@@ -17,13 +17,14 @@ from typing import NamedTuple
 
 import torch
 
-from .config import AnalysisConfig, SweepConfig
+from .config import AnalysisConfig
 from .devices import describe, planned
 from .harvest import Plan
 from .measures import debias, profile
 from .memory import dense_batch_tokens, element_bytes, sae_training_bytes, step_entries
 from .model.load import decoder_layers, skeleton
 from .sae.optim import moment_bytes
+from .sweep_config import SweepConfig
 
 # The share of the calibrated speed whole stages reach, and a stage's seconds per
 # eigendecomposition over the calibration's, fitted to the stages of the smoke and default

@@ -4,13 +4,14 @@ time it would take, and what it would stop on; nothing written."""
 from __future__ import annotations
 
 from .checks import check
-from .config import AnalysisConfig, HarvestConfig, SweepConfig
+from .config import AnalysisConfig, HarvestConfig
 from .costs import Rates, estimate
 from .devices import planned, planning_for
 from .harvest import Plan
 from .harvest.plan import CHARS_PER_TOKEN
 from .model.corpus import as_if_whole
 from .model.sites import describe as describe_site
+from .sweep_config import SweepConfig
 
 
 def dry_run(

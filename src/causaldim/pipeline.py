@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from . import controls, faults
 from .checks import Plans, check, check_disk, plan_line
-from .config import AnalysisConfig, HarvestConfig, SweepConfig
+from .config import AnalysisConfig, HarvestConfig
 from .devices import resolve_device
 from .executors import Executor, executor_for
 from .fileio import atomic_write_json, write_sealed_json
@@ -34,6 +34,7 @@ from .progress import bar as progress_bar
 from .report.render import render
 from .report.results import build_results
 from .rounds import until_converged
+from .sweep_config import SweepConfig
 from .threads import Threads
 from .threads import limited as limited_threads
 

@@ -7,9 +7,10 @@ import dataclasses
 import difflib
 from pathlib import Path
 
-from .config import AnalysisConfig, HarvestConfig, SweepConfig
+from .config import AnalysisConfig, HarvestConfig
 from .errors import UsageError
 from .model.corpus import is_built_in
+from .sweep_config import SweepConfig
 
 # Wall time of `causaldim run` with the default preset on 2 CPU cores, the machine alone,
 # the embedded model converted (233 s in benchmarks/busy.py; docs/measured.md, "On a busy

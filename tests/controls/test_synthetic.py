@@ -8,12 +8,13 @@ import math
 import pytest
 import torch
 
-from causaldim.config import AnalysisConfig, SweepConfig
+from causaldim.config import AnalysisConfig
 from causaldim.controls import synthetic
 from causaldim.controls.synthetic import SyntheticSpec, planted, recovery, synthetic_store
 from causaldim.measures.score import atp_scores
 from causaldim.measures.sigma import measure
 from causaldim.sae import SAEConfig, build
+from causaldim.sweep_config import SweepConfig
 
 SMALL = SyntheticSpec(
     d=32, k=4, n_features=64, feature_density=0.06, train_tokens=4096, eval_tokens=4096, seq_len=32

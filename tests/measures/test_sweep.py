@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 import torch
 
-from causaldim.config import SweepConfig
 from causaldim.errors import UsageError
 from causaldim.harvest import harvest
 from causaldim.measures import sweep as sweep_mod
 from causaldim.measures.sweep import evaluate, load_entry, run_sweep
+from causaldim.sweep_config import SweepConfig
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from causaldim import __version__
-from causaldim.config import AnalysisConfig, HarvestConfig, SweepConfig
+from causaldim.config import AnalysisConfig, HarvestConfig
 from causaldim.errors import IntegrityError, UsageError
 from causaldim.fileio import write_sealed_json
 from causaldim.measures.analysis import ATP_EDGES
@@ -37,6 +37,7 @@ from causaldim.report.sections import (
     sweeps,
     title,
 )
+from causaldim.sweep_config import SweepConfig
 
 D = 576
 WIDTHS = (1024, 2048, 4096)

@@ -17,11 +17,11 @@ from test_pipeline import run_args
 
 from causaldim import checks, cli
 from causaldim import hub as hf
-from causaldim.config import SweepConfig
 from causaldim.errors import UsageError
 from causaldim.measures.diagnose import imported_l0_spread
 from causaldim.sae import SAEConfig, build, releases
 from causaldim.sae.formats import export_saelens
+from causaldim.sweep_config import SweepConfig
 
 D = 32  # the tiny Llama's d; its 4 blocks make layer 2 the default
 SHA = "0123456789abcdef0123456789abcdef01234567"

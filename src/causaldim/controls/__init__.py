@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING
 from ..config import CONTROLS
 
 if TYPE_CHECKING:
-    from ..config import AnalysisConfig, HarvestConfig, SweepConfig
+    from ..config import AnalysisConfig, HarvestConfig
     from ..executors import Executor
     from ..harvest import Plan, Store
     from ..measures.layer import Measurement
     from ..model.load import LoadedModel
     from ..report.doc import Doc
+    from ..sweep_config import SweepConfig
 
 NAMES = CONTROLS  # registered in config, which must not import the controls
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from ..config import AnalysisConfig, SweepConfig
+from ..config import AnalysisConfig
 from ..measures.stats import spread
 from ..report.doc import Doc
 from ..report.figures import finish, pyplot
 from ..report.fmt import ci, growth, num
 from ..sae import ARCHITECTURES
+from ..sweep_config import SweepConfig
 from . import Context, Control
 
 

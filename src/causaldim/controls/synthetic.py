@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..config import AnalysisConfig, SweepConfig
+from ..config import AnalysisConfig
 from ..harvest.store import Store, write_store
 from ..measures.analysis import analyze
 from ..measures.score import atp_scores
@@ -34,6 +34,7 @@ from ..paper import SYNTHETIC_RECALL
 from ..report.doc import Doc
 from ..report.figures import finish, pyplot
 from ..report.fmt import num, pct
+from ..sweep_config import SweepConfig
 from . import Context, Control
 
 COSINE_THRESHOLD = 0.9  # a decoder row with |cos| >= this to a planted direction recovers it

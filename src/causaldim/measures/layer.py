@@ -9,13 +9,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from ..config import AnalysisConfig, SweepConfig
+from ..config import AnalysisConfig
 from ..devices import resolve_device
 from ..executors import Executor, LocalExecutor
 from ..faults import fault_point
 from ..harvest.store import Store
 from ..model.load import LoadedModel
 from ..sae import SAE
+from ..sweep_config import SweepConfig
 from .analysis import analyze
 from .diagnose import imported_l0_spread
 from .score import ScoreJob, Scores, load_scores, score_job

@@ -12,7 +12,6 @@ from typing import NamedTuple
 
 import torch
 
-from ..config import SweepConfig
 from ..devices import resolve_device, resolve_dtype
 from ..errors import IntegrityError, UsageError
 from ..executors import Executor, LocalExecutor
@@ -32,6 +31,7 @@ from ..sae.formats import (
     verify,
 )
 from ..sae.train import Normalizer, TrainSettings, train_sae
+from ..sweep_config import SweepConfig
 from .splice import ce_loss_recovered
 
 

@@ -17,9 +17,10 @@ from .cautions import collect, headline_object, touching_headline
 from .conditions import conditions
 
 if TYPE_CHECKING:
-    from ..config import AnalysisConfig, HarvestConfig, SweepConfig
+    from ..config import AnalysisConfig, HarvestConfig
     from ..harvest import Store
     from ..measures.layer import Measurement
+    from ..sweep_config import SweepConfig
     from ..threads import Threads
 
 SCHEMA = "causaldim.results/5"
