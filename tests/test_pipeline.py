@@ -495,3 +495,60 @@ def test_the_run_says_what_it_runs_on_first(tmp_path, tiny_model, text_corpus, c
     r = json.loads((out / "results.json").read_text())
     tokens = r["store"]["tokens"]
     assert f"{tokens['train']:,} train and {tokens['eval']:,} eval tokens" in first
+
+
+def test_dropping_weights_once_scored_gives_the_same_numbers(finished_run, tmp_path, capsys):
+    """--drop-weights on a finished run's SAEs: the widths are spliced, scored and
+    digested one at a time, then every SAE's weights but the reference's are deleted; the
+    numbers are those of the run that kept them, and a re-run reuses what was kept."""
+    out, args = finished_run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    args = [*args[: args.index("--out")], "--out", str(copy)]
+    assert cli.main([*args, "--drop-weights"]) == 0
+    kept = json.loads((out / "results.json").read_text())
+    dropped = json.loads((copy / "results.json").read_text())
+    for key in ("sweep", "subspace", "sigma", "ce"):
+        assert dropped[key] == kept[key], key
+    weights = sorted(p.parent.name for p in (copy / "saes").glob("*/sae.safetensors"))
+    assert weights == ["topk-w16"]  # the reference: the wider ones were compared with it
+    assert [n for n, s in dropped["saes"].items() if s.get("weights_dropped")] == [
+        f"topk-w{m}" for m in (32, 64, 128, 256)
+    ]
+    # A re-run trains nothing: it reads the kept scores, digests and CE loss recovered.
+    assert cli.main([*args, "--drop-weights"]) == 0
+    again = json.loads((copy / "results.json").read_text())
+    assert all(s["reused"] for s in again["saes"].values())
+    assert again["sweep"] == kept["sweep"] and again["subspace"] == kept["subspace"]
+    # Scores of another number of blocks cannot come from dropped weights: trained again.
+    assert cli.main([*args, "--drop-weights", "--blocks", "4"]) == 0
+    other = json.loads((copy / "results.json").read_text())
+    retrained = [n for n, s in other["saes"].items() if not s["reused"]]
+    assert retrained == [f"topk-w{m}" for m in (32, 64, 128, 256)]
+    # Nothing reads dropped weights by accident: a run that needs them trains them again,
+    # and an export of one says what happened to it.
+    capsys.readouterr()
+    assert cli.main(["export", str(copy / "saes" / "topk-w64"), str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "weights were dropped once it was scored (--drop-weights)" in err
+    assert "\n" not in err and not (tmp_path / "x").exists()
+    assert cli.main(args) == 0
+    assert len(list((copy / "saes").glob("*/sae.safetensors"))) == 5
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--controls", "geometry"], "the control(s) geometry read them"),
+        (["--sae-paths", "x"], "--sae-paths: x does not exist"),
+    ],
+)
+def test_drop_weights_refuses_what_reads_weights(
+    tmp_path, tiny_model, text_corpus, capsys, flags, message
+):
+    out = tmp_path / "out"
+    assert (
+        cli.main([*run_args(tiny_model("llama"), text_corpus, out), "--drop-weights", *flags]) == 2
+    )
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and not out.exists()

@@ -167,6 +167,13 @@ def test_train_imports_the_sae_paths_instead_of_training(
     assert sorted(p.name for p in (out / "saes").iterdir()) == ["jumprelu-w48"]  # no sweep
 
 
+def test_train_refuses_to_drop_the_weights_it_trains(
+    tmp_path, tiny_model, text_corpus, capsys, no_model_work
+):
+    argv = train_args(tiny_model("llama"), text_corpus, tmp_path / "out", "--drop-weights")
+    refused(capsys, argv, tmp_path, "use 'causaldim run'")
+
+
 def test_train_into_a_folder_of_foreign_files_is_refused(
     tmp_path, tiny_model, text_corpus, capsys, no_model_work
 ):

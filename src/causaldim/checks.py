@@ -90,6 +90,12 @@ def check(
             f"{flag} holds one layer's SAEs, and the {', '.join(own[:-1])} and {own[-1]} "
             f"controls train their own; drop those controls or {flag}"
         )
+    reading = [c.name for c in chosen if c.reads_weights]
+    if sweep_cfg.drop_weights and reading:
+        raise UsageError(
+            f"--drop-weights deletes the SAEs' weights once scored, and the control(s) "
+            f"{', '.join(reading)} read them; drop those controls or --drop-weights"
+        )
     for c in chosen:
         if c.widen_sweep is not None:
             sweep_cfg = c.widen_sweep(sweep_cfg, analysis_cfg)

@@ -20,6 +20,7 @@ from . import controls, faults
 from .checks import Plans, check, check_disk, plan_line
 from .config import AnalysisConfig, HarvestConfig
 from .devices import resolve_device
+from .errors import UsageError
 from .executors import Executor, executor_for
 from .fileio import atomic_write_json, write_sealed_json
 from .harvest import HarvestResult, Plan, Store, harvest, plan
@@ -27,7 +28,7 @@ from .lock import held
 from .measures import profile
 from .measures.layer import Measurement, measure_layer
 from .measures.score import require_gradients
-from .measures.subspace import causal_subspace
+from .measures.subspace import causal_subspace, shares_of
 from .measures.sweep import SweepEntry, load_entries, splice_evaluation, sweep_saes
 from .model.load import LoadedModel, load_model
 from .progress import bar as progress_bar
@@ -199,7 +200,7 @@ def _run(
     )
     headline = here.entries[0].architecture if sweep_cfg.sae_paths else sweep_cfg.architectures[0]
     subspace = causal_subspace(
-        out, plans.main.layer, here.sigma, here.saes, here.scores, here.analysis
+        out, plans.main.layer, here.sigma, shares_of(here.digests), here.scores, here.analysis
     )
     profiled = None
     if acc is not None:
@@ -258,6 +259,11 @@ def train(
     """The pipeline up to the SAE sweep (`causaldim train`): the same checks as a run,
     the store (harvested if needed), the SAEs trained on the executor or imported from
     --sae-paths, and CE loss recovered written to OUT/saes/ce_loss_recovered.json."""
+    if sweep_cfg.drop_weights:
+        raise UsageError(
+            "--drop-weights deletes each SAE once a run has scored it; 'causaldim train' "
+            "keeps the SAEs it trains: leave it out, or use 'causaldim run'"
+        )
     plans = check(cfg, sweep_cfg, preset=preset)
     for _, note in plans.notes:
         print(f"note: {note}", file=sys.stderr)

@@ -51,6 +51,15 @@ class SweepConfig:
         "(docs/measured.md: what it changes).",
         choices=SAVE_DTYPES,
     )
+    drop_weights: bool = option(
+        False,
+        "Train, score and digest the widths one at a time, narrowest first, and delete "
+        "each SAE's weights once scored (the reference width's are kept: the wider ones "
+        "are compared with it), so that the SAEs' disk is about the reference and the "
+        "widest, not all of them; the scores and digests are kept, and a re-run reuses "
+        "them. Not with the controls that read the weights (geometry, ablation, task, "
+        "four_cell).",
+    )
     epochs: int = option(3, "Passes over the train split per SAE.")
     lr: float = option(1e-3, "Adam learning rate (falls linearly to 0 over the last 20%).")
     batch_tokens: int = option(1024, "Tokens per training step.")
@@ -144,6 +153,11 @@ class SweepConfig:
         if self.sae_seeds > 1 and self.imports:
             flag = "--sae-paths" if self.sae_paths else "--sae-release"
             raise UsageError(f"--sae-seeds trains replicates; with {flag} nothing is trained")
+        if self.drop_weights and self.imports:
+            raise UsageError(
+                "--drop-weights drops the SAEs a sweep trains; imported SAEs are not "
+                "trained here: leave it out"
+            )
         if self.ce_sequences < 0:
             raise UsageError("--ce-sequences must be >= 0")
         if self.checkpoint_steps < 0:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from causaldim.config import AnalysisConfig
 from causaldim.measures import attributed, diagnose
 from causaldim.measures.analysis import analyze, not_estimable
+from causaldim.measures.digest import digest
 from causaldim.measures.score import Scores
 
 D = 16
@@ -87,7 +88,7 @@ def test_splits_are_seen_as_children_sharing_the_parents_firings():
         torch.cat([ref.atp_sums, ref.atp_sums], 1),
         torch.cat([torch.full((2, 20), 15.0), torch.full((2, 20), 35.0)], 1),
     )
-    (row,) = diagnose.splits(ref, ref_dec, eps, {40: (wide, wide_dec)})
+    (row,) = diagnose.splits(ref, eps, {40: (wide, digest(wide_dec, None, ref_dec))})
     assert row["parents"] == 2 and row["best_cosine"] == pytest.approx(1.0)
     assert row["children"] == 2.0
     assert row["top_child_share"] == pytest.approx(0.7)
@@ -133,7 +134,8 @@ def test_analysis_reports_both_normalisations_and_the_regime():
         for m in widths
     }
     decoders = {m: unit_rows(m, m) for m in widths}
-    a = analyze(scores, {}, D, AnalysisConfig(bootstrap=20), 0, decoders)
+    digests = {m: digest(w, None, decoders[32] if m > 32 else None) for m, w in decoders.items()}
+    a = analyze(scores, {}, D, AnalysisConfig(bootstrap=20), 0, digests)
     assert a["normalisation"] == "all" and a["sensitivity"]["normalisation"] == "firing"
     assert a["regime"]["reference_over_d"] == 2.0 and a["regime"]["widest_over_d"] == 16.0
     assert a["regime"]["paper_reference_over_d"] == pytest.approx(16384 / 2304)

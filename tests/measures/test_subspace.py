@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from causaldim.measures.subspace import alignment, decoder_shares, directions_holding
+from causaldim.measures.digest import decoder_shares
+from causaldim.measures.subspace import alignment, directions_holding
 
 
 def test_decoder_shares_measure_the_part_inside_the_basis():

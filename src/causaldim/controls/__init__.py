@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ..measures.layer import Measurement
     from ..model.load import LoadedModel
     from ..report.doc import Doc
+    from ..sae import SAE
     from ..sweep_config import SweepConfig
 
 NAMES = CONTROLS  # registered in config, which must not import the controls
@@ -42,6 +43,7 @@ class Control:
     per_architecture: bool = True  # runs on the headline architecture, and says so
     trains_own_saes: bool = False  # measures SAEs of its own: not with --sae-paths
     uses_control_sweep: bool = False  # its own SAEs follow --control-epochs/--control-widths
+    reads_weights: bool = False  # reads the sweep's SAE weights: not with --drop-weights
     # What the control asks of the run before it starts (None: nothing): the SAEs it
     # needs trained; layers harvested in the same pass, from (cfg, n_layers, layer); and
     # another model's harvest, planned beside the run's.
@@ -77,9 +79,10 @@ class Context:
     # controls share OUT/architectures, measured (Sigma, scores, analysis) once
     measured: dict = field(default_factory=dict, repr=False)
 
-    @property
-    def saes(self):
-        return self.here.saes[self.headline]
+    @cached_property
+    def saes(self) -> dict[int, SAE]:
+        """The headline architecture's SAEs by width, loaded on first use."""
+        return self.here.saes_of(self.headline)
 
     @property
     def scores(self):
@@ -125,7 +128,7 @@ class Context:
             sweep = replace(sweep, architectures=architectures)
         key = (store.root, folder)
         done = self.measured.get(key)
-        if done is not None and set(sweep.architectures) <= set(done.saes):
+        if done is not None and set(sweep.architectures) <= set(done.scores):
             return done
         self.measured[key] = measure_layer(
             store,

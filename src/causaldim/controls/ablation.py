@@ -259,5 +259,10 @@ def _compute(ctx: Context) -> dict:
 
 
 CONTROL = Control(
-    "ablation", "AtP against real ablation", _compute, ablation_section, plot_ablation
+    "ablation",
+    "AtP against real ablation",
+    _compute,
+    ablation_section,
+    plot_ablation,
+    reads_weights=True,
 )

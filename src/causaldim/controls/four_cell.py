@@ -224,14 +224,14 @@ def free_l0_cells(ctx: Context) -> dict:
     encoder may change how many features fire (TopK cells hold L0 at k in every cell):
     the run's own JumpReLU sweep where it has one, else the controls' sweep trained under
     OUT/architectures (shared with the architectures control, so trained once)."""
-    if FREE_L0 in ctx.here.saes:
-        saes, scores = ctx.here.saes[FREE_L0], ctx.here.scores[FREE_L0]
+    if FREE_L0 in ctx.here.scores:
+        saes, scores = ctx.here.saes_of(FREE_L0), ctx.here.scores[FREE_L0]
         epsilon, sweep = ctx.here.analysis[FREE_L0]["epsilon"], ctx.sweep_cfg
     elif ctx.sweep_cfg.imports:
         return {"skipped": "the run's SAEs are imported and include no JumpReLU sweep"}
     else:
         there = ctx.measure_other(ctx.store, ctx.out / "architectures", [FREE_L0])
-        saes, scores = there.saes[FREE_L0], there.scores[FREE_L0]
+        saes, scores = there.saes_of(FREE_L0), there.scores[FREE_L0]
         epsilon, sweep = there.analysis[FREE_L0]["epsilon"], ctx.control_sweep
     cells = four_cell(
         saes, ctx.store, epsilon, ctx.analysis_cfg, ctx.seed, trained_scores=scores, match=False
@@ -251,5 +251,10 @@ def _compute(ctx: Context) -> dict:
 
 
 CONTROL = Control(
-    "four_cell", "Four-cell encoder/decoder ablation", _compute, four_cell_section, plot_four_cell
+    "four_cell",
+    "Four-cell encoder/decoder ablation",
+    _compute,
+    four_cell_section,
+    plot_four_cell,
+    reads_weights=True,
 )

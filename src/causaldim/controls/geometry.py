@@ -197,4 +197,5 @@ CONTROL = Control(
     lambda ctx: geometric_privilege(ctx.saes, ctx.scores, ctx.epsilon, ctx.seed),
     geometry_section,
     plot_geometry,
+    reads_weights=True,
 )

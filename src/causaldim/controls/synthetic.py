@@ -27,6 +27,7 @@ import torch
 from ..config import AnalysisConfig
 from ..harvest.store import Store, write_store
 from ..measures.analysis import analyze
+from ..measures.digest import digest
 from ..measures.score import atp_scores
 from ..measures.sigma import measure
 from ..measures.sweep import load_entries, run_sweep
@@ -188,7 +189,10 @@ def synthetic_ground_truth(
         spec.d,
         dataclasses.replace(analysis_cfg, reference_width=None),
         seed,
-        {m: sae.W_dec for m, sae in saes.items()},
+        {
+            m: digest(sae.W_dec, None, saes[min(saes)].W_dec if m > min(saes) else None)
+            for m, sae in saes.items()
+        },
     )
     att = a["attributed"]
 

@@ -460,4 +460,6 @@ def _compute(ctx: Context) -> dict:
     }
 
 
-CONTROL = Control("task", "Task-specific recovery", _compute, task_section, plot_task)
+CONTROL = Control(
+    "task", "Task-specific recovery", _compute, task_section, plot_task, reads_weights=True
+)

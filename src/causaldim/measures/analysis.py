@@ -15,6 +15,7 @@ from ..config import ATP_NORMALISATIONS, AnalysisConfig
 from ..paper import PAPER
 from . import attributed, diagnose
 from .counts import calibrate, counts, resampled_counts, wedge
+from .digest import DecoderDigest
 from .fit import estimate_kappa
 from .score import Scores
 from .stats import interval_95
@@ -44,14 +45,15 @@ def analyze(
     d_model: int,
     cfg: AnalysisConfig,
     seed: int = 0,
-    decoders: dict[int, torch.Tensor] | None = None,
+    digests: dict[int, DecoderDigest] | None = None,
     replicates: dict[int, list[Scores]] | None = None,
     progress: bool = False,
     kappa_sae: bool = True,
 ) -> dict:
     """Everything the report says about one architecture's sweep, as plain data. With the
-    SAEs' decoders, also how the reference's features split; with replicates (other
-    trainings of the widths), intervals that carry the training's variance. kappa_sae=False
+    digests of the SAEs' decoders (digest.py), also how the reference's features split;
+    with replicates (other trainings of the widths), intervals that carry the training's
+    variance. kappa_sae=False
     leaves out the split-robust estimate (it does not depend on epsilon: the thresholds
     control reads it from the headline's analysis)."""
     widths = sorted(scores)
@@ -136,12 +138,11 @@ def analyze(
         },
         "sensitivity": other,
         "splits": None
-        if decoders is None
+        if digests is None
         else diagnose.splits(
             scores[reference],
-            decoders[reference],
             epsilon,
-            {m: (scores[m], decoders[m]) for m in widths if m > reference},
+            {m: (scores[m], digests[m]) for m in widths if m > reference},
         ),
         "attributed": att,
         "warnings": [message for _, message in cautions],

@@ -1,5 +1,5 @@
 """Why N_causal does what it does in a sweep: the numbers that diagnose the paper's
-estimator, from the scores, the SAEs' training stats and their decoders.
+estimator, from the scores, the SAEs' training stats and their decoders' digests.
 
 - A(m) = sum_i AtP_i, the total attribution. Markov's inequality bounds the count:
   N_causal(m) = #{i: AtP_i > epsilon} <= A(m) / epsilon, whatever the width. Under the
@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import torch
 
+from .digest import DecoderDigest
 from .score import Scores
 
 TOP_SHARE = 0.02  # "the top 2% of features", the share a 98th-percentile bar leaves
 CHILD_COSINE = 0.5  # a wider feature this close to its nearest reference feature is its child
-ROWS = 4096  # wider decoder rows compared at a time (bounds the cosine matrix)
 L0_TOLERANCE = 0.10  # relative distance between L0s that is flagged (and control 'l0')
 
 
@@ -45,37 +45,21 @@ def per_width(scores: Scores, epsilon: float, train_firings: dict | None) -> dic
     }
 
 
-def _unit(w_dec: torch.Tensor) -> torch.Tensor:
-    w = w_dec.detach().float().cpu()
-    return w / w.norm(dim=1, keepdim=True).clamp_min(1e-12)
-
-
 def splits(
-    reference: Scores, ref_dec: torch.Tensor, epsilon: float, wider: dict[int, tuple]
+    reference: Scores, epsilon: float, wider: dict[int, tuple[Scores, DecoderDigest]]
 ) -> list[dict]:
-    """For the reference's causal features (AtP > epsilon), at each wider width (scores,
-    decoder): medians over them of the best decoder cosine, the number of children, the
-    largest child's share of the children's eval firings, and the children's firings over
-    the parent's own."""
+    """For the reference's causal features (AtP > epsilon), at each wider width (its scores
+    and its decoder's digest against the reference): medians over them of the best
+    decoder cosine, the number of children, the largest child's share of the children's
+    eval firings, and the children's firings over the parent's own."""
     parents = (reference.atp > epsilon).nonzero().flatten()
-    ref_unit = _unit(ref_dec)
     parent_fired = reference.fired[parents].double()
     out = []
-    for width, (scores, dec) in sorted(wider.items()):
-        unit = _unit(dec)
-        best = torch.full((len(parents),), -1.0, device="cpu")
-        nearest, nearest_cos = [], []
-        for start in range(0, len(unit), ROWS):
-            cos = unit[start : start + ROWS] @ ref_unit.T  # [rows, reference width]
-            best = torch.maximum(best, cos[:, parents].max(0).values)
-            value, index = cos.max(1)
-            nearest.append(index)
-            nearest_cos.append(value)
-        nearest, nearest_cos = torch.cat(nearest), torch.cat(nearest_cos)
+    for width, (scores, d) in sorted(wider.items()):
         fired = scores.fired.double()
         n_children, top_share, kept = [], [], []
         for p, own in zip(parents.tolist(), parent_fired.tolist(), strict=True):
-            children = (nearest == p) & (nearest_cos >= CHILD_COSINE)
+            children = (d.nearest == p) & (d.nearest_cos >= CHILD_COSINE)
             f = fired[children]
             n_children.append(int(children.sum()))
             if f.sum() > 0:
@@ -86,7 +70,7 @@ def splits(
             {
                 "width": width,
                 "parents": len(parents),
-                "best_cosine": _median(best) if len(parents) else None,
+                "best_cosine": _median(d.best[parents]) if len(parents) else None,
                 "children": _median(torch.tensor(n_children, dtype=torch.float64, device="cpu")),
                 "top_child_share": _median(
                     torch.tensor(top_share, dtype=torch.float64, device="cpu")

@@ -1,27 +1,39 @@
 """Everything measured at one layer from its store: direct Sigma, the SAE sweep (trained
-or imported), CE loss recovered where the model is at hand, AtP scores, and each
-architecture's counts and fits."""
+or imported), CE loss recovered where the model is at hand, AtP scores, the decoders'
+digests, and each architecture's counts and fits.
+
+The sweep runs whole, or with --drop-weights one width at a time, narrowest first: each
+width is trained, spliced, scored and digested, then its weights are deleted (the
+reference width's are kept: the wider ones are compared with it). What was kept of a
+dropped SAE (cfg.json's `dropped`: its scores' and digest's hashes, CE loss recovered,
+and what they were computed with) lets a re-run reuse it, or else train it again."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
+
+import torch
 
 from ..config import AnalysisConfig
 from ..devices import resolve_device
 from ..executors import Executor, LocalExecutor
 from ..faults import fault_point
+from ..fileio import sha256_file
 from ..harvest.store import Store
 from ..model.load import LoadedModel
 from ..sae import SAE
 from ..sweep_config import SweepConfig
 from .analysis import analyze
 from .diagnose import imported_l0_spread
+from .digest import DecoderDigest, digest, digest_path, load_digest, save_digest
 from .score import ScoreJob, Scores, load_scores, score_job
 from .sigma import measure, other_outlier_choice
-from .sweep import SweepEntry, load_entries, splice_evaluation, sweep_saes
+from .subspace import basis_of
+from .sweep import SweepEntry, drop_weights, load_entry, splice_evaluation, sweep_saes
 
 
 class Measurement(NamedTuple):
@@ -29,7 +41,7 @@ class Measurement(NamedTuple):
 
     sigma: dict  # reading -> SigmaEstimate
     entries: list[SweepEntry]  # the sweep's SAEs (replicate 0 of each width)
-    saes: dict[str, dict[int, SAE]]
+    digests: dict[str, dict[int, DecoderDigest]]  # what the analysis reads of each decoder
     scores: dict[str, dict[int, Scores]]
     evals: dict[str, dict[int, dict]]
     analysis: dict[str, dict]
@@ -41,6 +53,14 @@ class Measurement(NamedTuple):
     def sigma_dicts(self) -> dict:
         """The Sigma estimates as results.json holds them."""
         return {reading: est.to_dict() for reading, est in self.sigma.items()}
+
+    def saes_of(self, architecture: str) -> dict[int, SAE]:
+        """That architecture's SAEs by width, loaded from their folders, frozen."""
+        return {
+            e.width: load_entry(e).requires_grad_(False)
+            for e in self.entries
+            if e.architecture == architecture
+        }
 
 
 def measure_layer(
@@ -58,25 +78,27 @@ def measure_layer(
     eval_stores: list[Store] | None = None,
     both_ways: bool = False,
 ) -> Measurement:
-    """Direct Sigma, the SAE sweep (SAEs under out/saes, trained or imported), AtP scores
-    and the analysis of one store, the training and scoring jobs on executor (default: in
-    this process, on the CPU); with load_lm, each SAE is also spliced into the model (CE
-    recovered). Each stage's seconds go into `seconds`. `imports`: the sources of the
-    imported SAEs, as the pipeline's check described them; where their eval L0s differ by
-    more than 10%, each sweep's `l0_spread` and warnings say so. `eval_stores`: what the
-    direct Sigma reads (the store and its --until-converged rounds; default the store);
-    both_ways: also each direct reading with the other choice of outliers."""
+    """Direct Sigma, the SAE sweep (SAEs under out/saes, trained or imported), AtP scores,
+    digests and the analysis of one store, the training and scoring jobs on executor
+    (default: in this process, on the CPU); with load_lm, each SAE is also spliced into
+    the model (CE recovered). Each stage's seconds go into `seconds`. `imports`: the
+    sources of the imported SAEs, as the pipeline's check described them; where their
+    eval L0s differ by more than 10%, each sweep's `l0_spread` and warnings say so.
+    `eval_stores`: what the direct Sigma reads (the store and its --until-converged rounds;
+    default the store); both_ways: also each direct reading with the other choice of
+    outliers."""
+    executor = executor or LocalExecutor()
+    device = resolve_device(executor.device)  # under Ray, the driver's
+    read = eval_stores or store
+    for name in ("sweep", "ce_loss_recovered", "scores", "analysis"):
+        seconds[name] = 0.0
 
     def timed(name: str, work):
         fault_point(f"stage.{name}")
         t = time.perf_counter()
         value = work()
-        seconds[name] = time.perf_counter() - t
+        seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t
         return value
-
-    executor = executor or LocalExecutor()
-    device = resolve_device(executor.device)  # under Ray, the driver's
-    read = eval_stores or store
 
     def direct():  # with the run's choice of outliers, and (the headline layer) the other
         found = measure(read, analysis_cfg, seed, device, progress)
@@ -84,44 +106,26 @@ def measure_layer(
         return found, both
 
     sigma, other = timed("sigma", direct)
-    trained = timed(
-        "sweep",
-        lambda: sweep_saes(store, out, sweep_cfg, seed, progress, repair, executor, imports),
+    swept = _Swept(
+        store,
+        Path(out),
+        analysis_cfg,
+        basis_of(sigma),
+        load_lm if sweep_cfg.ce_sequences else None,
+        sweep_cfg.ce_sequences,
+        reference_width=analysis_cfg.reference_width
+        or (None if sweep_cfg.imports else sweep_cfg.widths[0]),
     )
-    entries = [e for e in trained if e.replicate == 0]
-    replicates = [e for e in trained if e.replicate > 0]
-    named = load_entries(entries)
-    ce = None
-    if sweep_cfg.ce_sequences and load_lm is not None:
-        seqs = store.token_ids("eval", sweep_cfg.ce_sequences)
-        ce = timed("ce_loss_recovered", lambda: splice_evaluation(load_lm(), store, seqs, named))
-    saes, scores, evals = {}, {}, {}
-    t = time.perf_counter()
-    jobs = [
-        ScoreJob(
-            str(store.root),
-            str(e.folder),
-            analysis_cfg.blocks,
-            analysis_cfg.read_tokens,
-            str(out / "scores" / f"{e.name}.safetensors"),
+    for group in _groups(sweep_cfg):
+        reusable = swept.reusable if sweep_cfg.drop_weights else None
+        trained = timed(
+            "sweep",
+            lambda group=group, reusable=reusable: sweep_saes(
+                store, out, group, seed, progress, repair, executor, imports, reusable
+            ),
         )
-        for e in [*entries, *replicates]
-    ]
-    scored = [
-        load_scores(p).normalised(analysis_cfg.atp_normalisation, analysis_cfg.min_firings)
-        for p in executor.map(score_job, jobs, "AtP scores", progress)
-    ]
-    again: dict[str, dict[int, list[Scores]]] = {}
-    for e, s in zip(replicates, scored[len(entries) :], strict=True):
-        again.setdefault(e.architecture, {}).setdefault(e.width, []).append(s)
-    for e, (name, sae), s in zip(entries, named.items(), scored[: len(entries)], strict=True):
-        scores.setdefault(e.architecture, {})[e.width] = s
-        saes.setdefault(e.architecture, {})[e.width] = sae
-        ev = {**e.meta["eval"], "train_firings": e.meta["train_stats"].get("firings")}
-        if ce is not None:
-            ev["ce_loss_recovered"] = ce["saes"][name]["ce_loss_recovered"]
-        evals.setdefault(e.architecture, {})[e.width] = ev
-    seconds["scores"] = time.perf_counter() - t
+        swept.add(trained, executor, progress, sweep_cfg.drop_weights, timed)
+    entries, scores, evals = swept.entries, swept.scores, swept.evals()
     analysis = timed(
         "analysis",
         lambda: {
@@ -131,8 +135,8 @@ def measure_layer(
                 store.d_model,
                 analysis_cfg,
                 seed,
-                {m: sae.W_dec for m, sae in saes[arch].items()},
-                again.get(arch),
+                swept.digests[arch],
+                swept.again.get(arch),
                 progress,
             )
             for arch in scores
@@ -145,4 +149,175 @@ def measure_layer(
             if spread["flagged"]:
                 a["warnings"].append(spread["warning"])
                 a["cautions"].append(["imported_l0_spread", spread["warning"]])
-    return Measurement(sigma, entries, saes, scores, evals, analysis, ce, replicates, other)
+    return Measurement(
+        sigma,
+        entries,
+        swept.digests,
+        scores,
+        evals,
+        analysis,
+        swept.ce,
+        swept.replicates,
+        other,
+    )
+
+
+def _groups(cfg: SweepConfig) -> list[SweepConfig]:
+    """The sweep as it runs: whole, or (--drop-weights) one width at a time, narrowest
+    first, so that a width's weights are gone before the next is trained."""
+    if not cfg.drop_weights:
+        return [cfg]
+    return [replace(cfg, widths=[w]) for w in cfg.widths]
+
+
+@dataclass
+class _Swept:
+    """The sweep's SAEs as they are measured, group by group: each one's CE loss
+    recovered, scores and decoder digest (against its architecture's reference decoder,
+    held here), and the dropping of weights."""
+
+    store: Store
+    out: Path
+    analysis_cfg: AnalysisConfig
+    basis: tuple[str, torch.Tensor] | None
+    load_lm: Callable[[], LoadedModel] | None
+    ce_sequences: int
+    reference_width: int | None  # None: each architecture's narrowest (imported SAEs)
+    entries: list[SweepEntry] = field(default_factory=list)
+    replicates: list[SweepEntry] = field(default_factory=list)
+    scores: dict[str, dict[int, Scores]] = field(default_factory=dict)
+    again: dict[str, dict[int, list[Scores]]] = field(default_factory=dict)
+    digests: dict[str, dict[int, DecoderDigest]] = field(default_factory=dict)
+    references: dict[str, tuple[int, torch.Tensor, str]] = field(default_factory=dict)
+    ce: dict | None = None
+
+    def scores_path(self, e: SweepEntry) -> Path:
+        return self.out / "scores" / f"{e.name}.safetensors"
+
+    @property
+    def computed_with(self) -> dict:
+        """What a dropped SAE's kept scores, digest and CE were computed with: a re-run
+        reuses them only where it asks the same."""
+        basis = None if self.basis is None else [self.basis[0], self.basis[1].shape[1]]
+        return {
+            "blocks": self.analysis_cfg.blocks,
+            "basis": basis,
+            "ce_sequences": self.ce_sequences if self.load_lm else 0,
+        }
+
+    def reusable(self, folder: Path, meta: dict) -> bool:
+        """Whether what was kept of a dropped SAE serves this run: computed alike, against
+        the same reference decoder, its files whole. Else it is trained again."""
+        kept, request = meta["dropped"], meta["request"]
+        arch, width = request["architecture"], request["width"]
+        if any(kept.get(k) != v for k, v in self.computed_with.items()):
+            return False
+        reference = self.references.get(arch)
+        if kept.get("reference_sha256") is not None and (
+            reference is None or kept["reference_sha256"] != reference[2]
+        ):
+            return False
+        if width == self.reference_width and kept.get("digest_sha256") is not None:
+            return False  # the reference keeps its weights: the wider ones need them
+        files = {"scores_sha256": self.out / "scores" / f"{folder.name}.safetensors"}
+        files["digest_sha256"] = digest_path(files["scores_sha256"])
+        return all(
+            kept.get(k) is None or (p.is_file() and sha256_file(p) == kept[k])
+            for k, p in files.items()
+        )
+
+    def evals(self) -> dict[str, dict[int, dict]]:
+        out = {}
+        for e in self.entries:
+            ev = {**e.meta["eval"], "train_firings": e.meta["train_stats"].get("firings")}
+            if self.ce is not None:
+                ev["ce_loss_recovered"] = self.ce["saes"][e.name]["ce_loss_recovered"]
+            out.setdefault(e.architecture, {})[e.width] = ev
+        return out
+
+    def add(self, trained: list[SweepEntry], executor, progress: bool, drop: bool, timed):
+        """Measure one group of the sweep's SAEs; with drop, let their weights go."""
+        firsts = sorted((e for e in trained if e.replicate == 0), key=lambda e: e.width)
+        live = {e.name: load_entry(e).requires_grad_(False) for e in firsts if not e.dropped}
+        for e in firsts:  # the reference comes first: the wider ones are compared with it
+            width = self.reference_width or min(
+                f.width for f in firsts if f.architecture == e.architecture
+            )
+            if e.architecture not in self.references and e.width == width:
+                self.references[e.architecture] = (
+                    width,
+                    live[e.name].W_dec.detach().cpu(),
+                    e.meta.get("weights_sha256"),  # none where imported
+                )
+        ce = timed("ce_loss_recovered", lambda: self._splice(firsts, live)) if self.load_lm else {}
+        scored = timed("scores", lambda: self._score(trained, executor, progress))
+        for e in trained:
+            kept = {**self.computed_with, "ce": ce.get(e.name)}
+            if e.replicate == 0:
+                d, kept["reference_sha256"] = timed("analysis", lambda e=e: self._digest(e, live))
+                self.digests.setdefault(e.architecture, {})[e.width] = d
+            if drop and not e.dropped and not (e.replicate == 0 and e.name in self.kept_names):
+                e = drop_weights(e, {**kept, **self._hashes(e)})
+            if e.replicate == 0:
+                self.entries.append(e)
+                self.scores.setdefault(e.architecture, {})[e.width] = scored[e.name]
+            else:
+                self.replicates.append(e)
+                self.again.setdefault(e.architecture, {}).setdefault(e.width, []).append(
+                    scored[e.name]
+                )
+
+    @property
+    def kept_names(self) -> set[str]:
+        """The SAEs whose weights stay: each architecture's reference."""
+        return {f"{arch}-w{width}" for arch, (width, _, _) in self.references.items()}
+
+    def _hashes(self, e: SweepEntry) -> dict:
+        """sha256 of its kept files: scores, and digest where it has one."""
+        path = self.scores_path(e)
+        found = {"scores_sha256": sha256_file(path)}
+        if e.replicate == 0:
+            found["digest_sha256"] = sha256_file(digest_path(path))
+        return found
+
+    def _splice(self, firsts: list[SweepEntry], live: dict) -> dict:
+        """CE loss recovered of the group's SAEs, by name: spliced in where their weights
+        are at hand, else as kept when they were dropped."""
+        if live or self.ce is None:
+            seqs = self.store.token_ids("eval", self.ce_sequences)
+            part = splice_evaluation(self.load_lm(), self.store, seqs, live)
+            self.ce = part if self.ce is None else {**part, "saes": self.ce["saes"]}
+            self.ce["saes"].update(part["saes"])
+        for e in firsts:
+            if e.dropped:
+                self.ce["saes"][e.name] = e.meta["dropped"]["ce"]
+        return {e.name: self.ce["saes"][e.name] for e in firsts}
+
+    def _score(self, trained: list[SweepEntry], executor, progress: bool) -> dict[str, Scores]:
+        """Every SAE's scores, by name: scored where its weights are at hand, else read."""
+        a = self.analysis_cfg
+        jobs = [
+            ScoreJob(str(self.store.root), str(e.folder), a.blocks, a.read_tokens, str(p))
+            for e in trained
+            if not e.dropped
+            for p in [self.scores_path(e)]
+        ]
+        executor.map(score_job, jobs, "AtP scores", progress)
+        return {
+            e.name: load_scores(self.scores_path(e)).normalised(a.atp_normalisation, a.min_firings)
+            for e in trained
+        }
+
+    def _digest(self, e: SweepEntry, live: dict) -> tuple[DecoderDigest, str | None]:
+        """Its decoder's digest (computed and saved, or read where the weights were
+        dropped), and the sha256 of the reference weights it was computed against (None:
+        not wider than the reference)."""
+        path = digest_path(self.scores_path(e))
+        if e.dropped:
+            return load_digest(path), e.meta["dropped"].get("reference_sha256")
+        width, ref_dec, ref_sha = self.references.get(e.architecture, (e.width, None, None))
+        wider = e.width > width
+        basis = None if self.basis is None else self.basis[1]
+        d = digest(live[e.name].W_dec, basis, ref_dec if wider else None)
+        save_digest(d, path)
+        return d, ref_sha if wider else None

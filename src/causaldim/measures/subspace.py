@@ -70,14 +70,6 @@ def directions_holding(eigenvalues: torch.Tensor, share: float = SHARE_OF_TRACE)
     return int((cum < share - 1e-12).sum()) + 1
 
 
-def decoder_shares(W_dec: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
-    """Per decoder row, the share of its squared norm inside span(basis) ([d, k],
-    orthonormal columns)."""
-    rows = W_dec.double()
-    inside = (rows @ basis.double()).pow(2).sum(1)
-    return (inside / rows.pow(2).sum(1).clamp_min(1e-30)).float()
-
-
 def alignment(
     shares: torch.Tensor, atp: torch.Tensor, fired: torch.Tensor, epsilon: float, chance: float
 ) -> dict:
@@ -102,35 +94,48 @@ def alignment(
     }
 
 
-def causal_subspace(out: Path, layer: int, sigma: dict, saes, scores, analysis) -> dict:
+def basis_of(sigma: dict) -> tuple[str, torch.Tensor] | None:
+    """The subspace SAEs are related to: (reading, basis [d, k]), the top directions
+    holding SHARE_OF_TRACE of the corrected spectrum of the logits reading (loss where
+    there are no logit probes); None where neither has one."""
+    for reading in ("logits", "loss"):
+        est = sigma.get(reading)
+        if est is not None and est.eigenvectors is not None and est.erank_corrected is not None:
+            spectrum = torch.tensor(est.eigenvalues_corrected, dtype=torch.float64)
+            return reading, est.eigenvectors[:, : directions_holding(spectrum)]
+    return None
+
+
+def shares_of(digests: dict) -> dict:
+    """Each decoder's shares in the subspace, from the digests {architecture: {width: ...}}."""
+    return {arch: {m: d.shares for m, d in by_width.items()} for arch, by_width in digests.items()}
+
+
+def causal_subspace(out: Path, layer: int, sigma: dict, shares: dict, scores, analysis) -> dict:
     """Save every direct reading's subspace under out/subspace/, and relate each SAE of the
-    sweep to the subspace of the logits reading (loss where there are no logit probes):
-    results.json["subspace"]. saes and scores: {architecture: {width: ...}}; analysis:
-    each architecture's (for epsilon)."""
+    sweep to the subspace of basis_of(sigma): results.json["subspace"]. shares (each
+    decoder row's share in it: digest.py) and scores: {architecture: {width: ...}};
+    analysis: each architecture's (for epsilon)."""
     files = {}
     for reading, est in sigma.items():
         if est.eigenvectors is not None and est.erank_corrected is not None:
             path = save_subspace(subspace_path(out, layer, reading), est.eigenvectors, est)
             files[reading] = str(path.relative_to(out))
-    reading = next((r for r in ("logits", "loss") if r in files), None)
-    if reading is None:
+    found = basis_of(sigma)
+    if found is None:
         return {"files": files, "reading": None}
-    est = sigma[reading]
-    spectrum = torch.tensor(est.eigenvalues_corrected, dtype=torch.float64)
-    k = directions_holding(spectrum)
-    basis = est.eigenvectors[:, :k]
-    d = basis.shape[0]
+    reading, basis = found
+    d, k = basis.shape
     per_sae = {}
-    for arch, by_width in saes.items():
+    for arch, by_width in shares.items():
         rows = []
-        for width, sae in sorted(by_width.items()):
+        for width, share in sorted(by_width.items()):
             s = scores[arch][width]
-            shares = decoder_shares(sae.W_dec.detach().cpu(), basis)
             rows.append(
                 {
                     "width": width,
-                    **alignment(shares, s.atp, s.fired, analysis[arch]["epsilon"], k / d),
-                    "points": _points(shares, s),
+                    **alignment(share, s.atp, s.fired, analysis[arch]["epsilon"], k / d),
+                    "points": _points(share, s),
                 }
             )
         per_sae[arch] = rows
@@ -140,7 +145,7 @@ def causal_subspace(out: Path, layer: int, sigma: dict, saes, scores, analysis) 
         "share_of_trace": SHARE_OF_TRACE,
         "k": k,
         "d": d,
-        "directions_for": est.directions_for,
+        "directions_for": sigma[reading].directions_for,
         "saes": per_sae,
     }
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -15,6 +16,7 @@ import torch
 from ..devices import resolve_device, resolve_dtype
 from ..errors import IntegrityError, UsageError
 from ..executors import Executor, LocalExecutor
+from ..fileio import write_sealed_json
 from ..harvest.store import Store, key_digest
 from ..memory import dense_batch_tokens
 from ..model.sites import equivalents
@@ -22,6 +24,7 @@ from ..sae import SAE, SAEConfig, build
 from ..sae.checkpoint import Checkpoint
 from ..sae.formats import (
     CONFIG,
+    WEIGHTS,
     describe_source,
     load,
     load_any,
@@ -34,6 +37,9 @@ from ..sae.train import Normalizer, TrainSettings, train_sae
 from ..sweep_config import SweepConfig
 from .splice import ce_loss_recovered
 
+# Whether an SAE whose weights were dropped is reusable: (its folder, its cfg.json) -> bool
+Reusable = Callable[[Path, dict], bool]
+
 
 class SweepEntry(NamedTuple):
     architecture: str
@@ -42,6 +48,11 @@ class SweepEntry(NamedTuple):
     reused: bool
     meta: dict  # what cfg.json holds: training stats and evaluation
     replicate: int = 0  # 0: the sweep's SAE of this width; j > 0: trained again, seed + j
+
+    @property
+    def dropped(self) -> bool:
+        """Whether its weights were dropped once it was scored (--drop-weights)."""
+        return "dropped" in self.meta
 
     @property
     def name(self) -> str:
@@ -163,11 +174,14 @@ def run_sweep(
     progress: bool = True,
     repair: bool = False,
     executor: Executor | None = None,
+    reusable: Reusable | None = None,
 ) -> list[SweepEntry]:
     """Train (or reuse) every (architecture, width, replicate) SAE of the sweep, the missing ones as
     independent jobs of the executor (default: in this process); returns entries. An SAE
     killed mid-training resumes from its last checkpoint; a finished one whose weights
-    fail their hash raises IntegrityError, or is trained again with repair."""
+    fail their hash raises IntegrityError, or is trained again with repair. One whose
+    weights were dropped (drop_weights) is reused where reusable(folder, meta) says that
+    what was kept of it serves, else trained again."""
     out = Path(out)
     executor = executor or LocalExecutor()
     fingerprint = key_digest(store.manifest["key"])
@@ -190,7 +204,7 @@ def run_sweep(
             # float32 is left out: the SAEs saved before --save-dtype existed stay reusable
             **({"save_dtype": cfg.save_dtype} if cfg.save_dtype != "float32" else {}),
         }
-        if _finished(folder, request, repair) is None:
+        if _finished(folder, request, repair, reusable) is None:
             job = TrainJob(
                 str(store.root),
                 str(folder),
@@ -218,12 +232,13 @@ def sweep_saes(
     repair: bool = False,
     executor: Executor | None = None,
     imports: list[dict] | None = None,
+    reusable: Reusable | None = None,
 ) -> list[SweepEntry]:
     """The sweep's SAEs: imported from cfg.sae_paths where given (`imports`: their sources
-    as the pipeline's check described them), else trained."""
+    as the pipeline's check described them), else trained (run_sweep)."""
     if cfg.sae_paths:
         return import_saes(store, out, cfg.sae_paths, imports)
-    return run_sweep(store, out, cfg, seed, progress, repair, executor)
+    return run_sweep(store, out, cfg, seed, progress, repair, executor, reusable)
 
 
 def import_saes(
@@ -293,9 +308,22 @@ def splice_evaluation(lm, store: Store, seqs: torch.Tensor, saes: dict[str, SAE]
     )
 
 
-def _finished(folder: Path, request: dict, repair: bool) -> dict | None:
+def drop_weights(entry: SweepEntry, kept: dict) -> SweepEntry:
+    """Delete a scored SAE's weights (--drop-weights), once what the run reads of them is
+    saved; `kept` says what (recorded in cfg.json as `dropped`, before the weights go: a
+    kill between the two leaves a folder that reads as dropped)."""
+    meta = {**entry.meta, "dropped": kept}
+    write_sealed_json(entry.folder / CONFIG, meta)
+    (entry.folder / WEIGHTS).unlink(missing_ok=True)
+    return entry._replace(meta=meta)
+
+
+def _finished(
+    folder: Path, request: dict, repair: bool, reusable: Reusable | None = None
+) -> dict | None:
     """cfg.json of a finished, intact SAE of this request in folder, or None. A damaged
-    one raises IntegrityError, or gives None (train again) with repair."""
+    one raises IntegrityError, or gives None (train again) with repair; one whose weights
+    were dropped is finished where reusable(folder, meta) says so."""
     if not folder.is_dir():
         return None
     try:
@@ -306,6 +334,8 @@ def _finished(folder: Path, request: dict, repair: bool) -> dict | None:
         meta = read_meta(folder)
         if meta.get("request") != request:
             return None
+        if "dropped" in meta:
+            return meta if reusable is not None and reusable(folder, meta) else None
         verify(folder)
         return meta
     except IntegrityError:

@@ -107,6 +107,8 @@ def build_results(
             "reused": e.reused,
             "seconds": e.meta["train_stats"]["seconds"],
             "steps": e.meta["train_stats"].get("steps"),
+            # --drop-weights: deleted once scored (its scores and digest are kept)
+            **({"weights_dropped": True} if e.dropped else {}),
             # imported: path, format, the site its metadata names ("unknown" if none) and,
             # by --sae-release, release, id, repo and revision
             **({"source": e.meta["source"]} if e.meta.get("source") else {}),

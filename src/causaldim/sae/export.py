@@ -12,7 +12,7 @@ from ..errors import UsageError
 from ..model.load import EMBEDDED
 from ..model.sites import equivalents
 from ..progress import bar
-from .formats import CONFIG, WEIGHTS, export_saelens, load, read_meta
+from .formats import CONFIG, WEIGHTS, export_saelens, load, read_meta, verify
 
 FORMATS = ("saelens",)
 
@@ -25,12 +25,15 @@ class Exported(NamedTuple):
 
 def sae_folders(source: Path) -> list[Path]:
     """The causaldim SAE folders a path names: one SAE folder, a run's saes/ folder, or a
-    run folder (its saes/). UsageError when it names none."""
+    run folder (its saes/), those with weights (--drop-weights deletes some). UsageError
+    when it names none."""
     source = Path(source)
     if not source.exists():
         raise UsageError(f"{source} does not exist; pass an SAE folder, OUT/saes or a run folder")
     if _is_sae(source):
         return [source]
+    if (source / CONFIG).is_file() and "dropped" in _meta_or_none(source):
+        verify(source)  # says its weights were dropped, and how to have them again
     root = source / "saes" if (source / "saes").is_dir() else source
     found = sorted(p for p in root.iterdir() if p.is_dir() and _is_sae(p))
     if not found:
@@ -38,6 +41,13 @@ def sae_folders(source: Path) -> list[Path]:
             f"{source} holds no causaldim SAE folder; pass OUT/saes/NAME, OUT/saes or OUT"
         )
     return found
+
+
+def _meta_or_none(folder: Path) -> dict:
+    try:
+        return read_meta(folder)
+    except UsageError:
+        return {}
 
 
 def _is_sae(folder: Path) -> bool:

@@ -112,6 +112,11 @@ def verify(folder: Path) -> dict:
     meta = read_meta(folder)
     expected = meta.get("weights_sha256")
     path = folder / WEIGHTS
+    if "dropped" in meta:
+        raise UsageError(
+            f"{folder}: its weights were dropped once it was scored (--drop-weights); "
+            "rerun without --drop-weights to train it again"
+        )
     if not path.is_file():
         raise IntegrityError(f"{path} is missing; rerun with --repair to train that SAE again")
     if expected is not None and sha256_file(path) != expected:
