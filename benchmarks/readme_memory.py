@@ -25,13 +25,13 @@ def table() -> str:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the known shape: no network
     import torch
 
-    from causaldim.costs import checkpoint_bytes, disk_bytes
+    from causaldim.costs import checkpoint_bytes, disk_bytes, sweep_disk
     from causaldim.devices import planning_for, resolve_dtype
     from causaldim.harvest.plan import plan
     from causaldim.memory import HEADROOM, SCORE_ROW_BYTES, sae_training_bytes, step_entries
     from causaldim.presets import preset_configs
 
-    harvest, sweep, _ = preset_configs("paper", out="/nonexistent/causaldim-memory-guide")
+    harvest, sweep, analysis = preset_configs("paper", out="/nonexistent/causaldim-memory-guide")
     with planning_for("h200"):
         p = plan(harvest, dry_run=True)
         sae_dtype = resolve_dtype(sweep.sae_dtype, torch.device("cuda"))  # as the plan does
@@ -51,10 +51,12 @@ def table() -> str:
 
     fits = [name for name, gib in GPUS.items() if training(widest) <= HEADROOM * gib]
     trained = ", ".join(f"{_short(w)} {training(w):,.1f} GiB" for w in (16_384, 131_072, widest))
-    disk = disk_bytes(p, sweep)
+    disk = disk_bytes(p, sweep, analysis)
     planned = (len(p.splits.train) + len(p.splits.eval)) * harvest.seq_len
     store = disk["store"] * harvest.tokens / planned  # the paper's tokens, from a hub corpus
     checkpoint = checkpoint_bytes(d, widest, sweep.optimizer)
+    saes = sweep_disk(d, sweep, analysis.blocks)  # the paper's eval tokens fill every block
+    least = store + saes["dropped"] + saes["scores"]
     per_weight = (
         "about 2 d m x 16 bytes (float32 weights, gradients, two Adam moments)"
         if sweep.optimizer == "adam"
@@ -83,12 +85,14 @@ def table() -> str:
         ),
         (
             "disk, `--preset paper`",
-            f"about {(store + disk['saes'] + disk['checkpoint']) / GB:,.0f} GB at most: the "
-            f"store of the paper's {harvest.tokens / 1e6:.1f}M tokens {store / GB:,.0f} GB, "
-            f"the SAEs {disk['saes'] / GB:,.0f} GB ({sweep.save_dtype} weights, "
-            f"`--save-dtype`), and the widest's training checkpoint {checkpoint / GB:,.0f} GB "
-            f"while it trains, twice that at a save (`--checkpoint-steps 0`: none, "
-            f"{(store + disk['saes']) / GB:,.0f} GB in all)",
+            f"about {(store + saes['kept'] + saes['scores'] + 2 * checkpoint) / GB:,.0f} GB at "
+            f"most: the store of the paper's {harvest.tokens / 1e6:.1f}M tokens "
+            f"{store / GB:,.0f} GB, the SAEs {saes['kept'] / GB:,.0f} GB ({sweep.save_dtype} "
+            f"weights, `--save-dtype`; {saes['dropped'] / GB:,.0f} GB with `--drop-weights`, "
+            f"which keeps the reference and one width at a time), their scores "
+            f"{saes['scores'] / GB:,.0f} GB, and the widest's training checkpoint "
+            f"{checkpoint / GB:,.0f} GB while it trains, twice that at a save "
+            f"(`--checkpoint-steps 0`: none; with both, {least / GB:,.0f} GB in all)",
         ),
     ]
     return "\n".join(f"| {a} | {b} |" for a, b in rows)

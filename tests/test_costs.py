@@ -4,6 +4,7 @@ here at the run's shapes (or a planned GPU's stated ones)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from causaldim import costs
 from causaldim.devices import PROFILES, planning_for
@@ -51,4 +52,32 @@ def test_the_saes_disk_follows_their_saved_precision(tiny_model, tmp_path):
     assert full["checkpoint"] == half["checkpoint"] == 2 * checkpoint
     none = costs.disk_bytes(the_plan, SweepConfig(widths=widths, checkpoint_steps=0))
     assert none["checkpoint"] == 0 and none["total"] == full["total"] - 2 * checkpoint
-    assert full["total"] == full["store"] + full["saes"] + full["checkpoint"]
+    assert full["total"] == full["store"] + full["saes"] + full["scores"] + full["checkpoint"]
+    # --drop-weights: the reference beside the widest, and the other figure stated too
+    drop = costs.disk_bytes(the_plan, SweepConfig(widths=widths, drop_weights=True))
+    assert drop["saes"] == (2 * d * 4 + 12) * sum(widths) == full["saes"]  # two widths
+    three = SweepConfig(widths=[256, *widths], drop_weights=True)
+    drop = costs.disk_bytes(the_plan, three)
+    assert drop["saes"] == (2 * d * 4 + 12) * (256 + 4096)
+    assert drop["saes_other"] == (2 * d * 4 + 12) * (256 + 1024 + 4096)
+
+
+def test_scores_and_digests_take_the_bytes_planned(tmp_path):
+    from causaldim.measures.digest import digest, digest_path, save_digest
+    from causaldim.measures.score import Scores, save_scores
+
+    d, width, blocks, ref = 48, 3000, 24, 700
+    scores = Scores(
+        torch.rand(blocks, width, dtype=torch.float64),
+        torch.rand(blocks, width, dtype=torch.float64),
+        torch.ones(blocks, dtype=torch.long),
+        torch.ones(blocks, dtype=torch.long),
+        torch.rand(min(blocks, 16), d, d, dtype=torch.float64),
+    )
+    path = tmp_path / "s.safetensors"
+    save_scores(scores, path)
+    assert path.stat().st_size == pytest.approx(costs.scores_bytes(d, width, blocks), rel=0.01)
+    basis = torch.linalg.qr(torch.randn(d, 5))[0]
+    save_digest(digest(torch.randn(width, d), basis, torch.randn(ref, d)), digest_path(path))
+    size = digest_path(path).stat().st_size
+    assert costs.digest_bytes(width) * 0.8 < size <= costs.digest_bytes(width) + 1000

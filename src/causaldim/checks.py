@@ -150,7 +150,7 @@ def check(
             free,
             str(device),
         )
-    resource(check_disk, main, sweep_cfg)
+    resource(check_disk, main, sweep_cfg, analysis_cfg)
     side = {c.name: c.side_plan(cfg, analysis_cfg, main) for c in chosen if c.side_plan}
     return Plans(
         main,
@@ -248,13 +248,18 @@ def _check_import(source: dict, the_plan: Plan, model: str) -> dict:
     return {**source, "path": str(path), **own}
 
 
-def check_disk(the_plan: Plan, sweep_cfg: SweepConfig | None) -> None:
-    """Refuse a run whose stores and SAEs (none without a sweep) would not fit on the
-    output's disk."""
+def check_disk(
+    the_plan: Plan, sweep_cfg: SweepConfig | None, analysis_cfg: AnalysisConfig | None = None
+) -> None:
+    """Refuse a run whose stores, SAEs and scores (none without a sweep) would not fit on
+    the output's disk."""
     missing = [i for i, d in the_plan.store_dirs.items() if not (d / "manifest.json").is_file()]
-    need = disk_bytes(the_plan, sweep_cfg)
+    need = disk_bytes(the_plan, sweep_cfg, analysis_cfg)
     planned = (
-        need["saes"] + need["checkpoint"] + need["store"] * len(missing) // len(the_plan.store_dirs)
+        need["saes"]
+        + need["scores"]
+        + need["checkpoint"]
+        + need["store"] * len(missing) // len(the_plan.store_dirs)
     )
     folder = next(
         p for p in [Path(the_plan.config.out), *Path(the_plan.config.out).parents] if p.exists()

@@ -20,7 +20,9 @@ import torch
 from .config import AnalysisConfig
 from .devices import describe, planned
 from .harvest import Plan
+from .harvest.store import n_blocks
 from .measures import debias, profile
+from .measures.score import VV_GROUPS
 from .memory import dense_batch_tokens, element_bytes, sae_training_bytes, step_entries
 from .model.load import decoder_layers, skeleton
 from .sae.optim import moment_bytes
@@ -184,11 +186,44 @@ def saved_sae_bytes(d: int, width: int, save_dtype: str) -> int:
     return (2 * d * element_bytes(save_dtype) + 3 * 4) * width
 
 
-def disk_bytes(the_plan: Plan, sweep: SweepConfig | None) -> dict[str, int]:
+def scores_bytes(d: int, width: int, blocks: int) -> int:
+    """One SAE's scores file: AtP sums and firing counts per block in float64, and the
+    v v^T sums of at most VV_GROUPS groups (measures/score.py)."""
+    return (16 * width + 16) * blocks + 8 * min(blocks, VV_GROUPS) * d * d
+
+
+def digest_bytes(width: int) -> int:
+    """One decoder's digest, at most: share, nearest feature and its cosine per feature,
+    and the reference's best cosines, no more than a width's (measures/digest.py)."""
+    return 20 * width
+
+
+def sweep_disk(d: int, sweep: SweepConfig, blocks: int, reference: int | None = None) -> dict:
+    """The SAEs' bytes on disk at most, kept or dropped (--drop-weights: every
+    architecture's reference, beside one width's trainings at a time), and their scores
+    and digests (kept either way)."""
+    reference = reference or sweep.widths[0]
+    n_arch, seeds = len(sweep.architectures), sweep.sae_seeds
+    saved = {m: saved_sae_bytes(d, m, sweep.save_dtype) for m in sweep.widths}
+    dropped = max(
+        n_arch * seeds * saved[m] + (n_arch * saved[reference] if m != reference else 0)
+        for m in sweep.widths
+    )
+    scores = n_arch * sum(
+        seeds * scores_bytes(d, m, blocks) + digest_bytes(m) for m in sweep.widths
+    )
+    return {"kept": n_arch * seeds * sum(saved.values()), "dropped": dropped, "scores": scores}
+
+
+def disk_bytes(
+    the_plan: Plan, sweep: SweepConfig | None, analysis: AnalysisConfig | None = None
+) -> dict[str, int]:
     """Bytes the run writes at most: every planned layer's store, the sweep's SAEs (if
-    any) in their saved precision, and the training checkpoint of the widest while it
-    trains: its float32 weights and moments, twice at a save (the new one is whole before
-    the last is removed; --checkpoint-steps 0 writes none)."""
+    any) in their saved precision (all of them, or with --drop-weights as many as are
+    held at once, and `saes_other`: the figure the other way), their scores, and the
+    training checkpoint of the widest while it trains: its float32 weights and moments,
+    twice at a save (the new one is whole before the last is removed; --checkpoint-steps
+    0 writes none)."""
     cfg = the_plan.config
     d, seq = the_plan.source.d_model, cfg.seq_len
     n_train, n_eval = len(the_plan.splits.train) * seq, len(the_plan.splits.eval) * seq
@@ -199,16 +234,30 @@ def disk_bytes(the_plan: Plan, sweep: SweepConfig | None) -> dict[str, int]:
     )
     store *= len(the_plan.store_dirs)
     if sweep is None:
-        return {"store": store, "saes": 0, "checkpoint": 0, "total": store}
-    saes = saved_sae_bytes(d, sum(sweep.widths) * len(sweep.architectures), sweep.save_dtype)
+        return {
+            "store": store,
+            "saes": 0,
+            "saes_other": 0,
+            "scores": 0,
+            "checkpoint": 0,
+            "total": store,
+        }
+    analysis = analysis or AnalysisConfig()
+    blocks = n_blocks(len(the_plan.splits.eval), analysis.blocks)
+    found = sweep_disk(d, sweep, blocks, analysis.reference_width)
+    saes, other = found["kept"], found["dropped"]
+    if sweep.drop_weights:
+        saes, other = other, saes
     checkpoint = 0
     if sweep.checkpoint_steps and not sweep.imports:
         checkpoint = 2 * checkpoint_bytes(d, max(sweep.widths), sweep.optimizer)
     return {
         "store": store,
         "saes": saes,
+        "saes_other": other,
+        "scores": found["scores"],
         "checkpoint": checkpoint,
-        "total": store + saes + checkpoint,
+        "total": store + saes + found["scores"] + checkpoint,
     }
 
 
@@ -381,7 +430,7 @@ def estimate(
         "tokens": {"train": n_train, "eval": n_eval},
         "parameters": {k: v for k, v in params.items() if k != "per_block"},
         "saes": n_saes,
-        "disk_bytes": disk_bytes(the_plan, sweep),
+        "disk_bytes": disk_bytes(the_plan, sweep, analysis),
         "memory": memory_plan(the_plan, sweep, analysis, tapped),
         "rates": rates._asdict(),
         "seconds": {**seconds, "total": sum(seconds.values())},

@@ -106,8 +106,9 @@ def print_plan(
     disk = est["disk_bytes"]
     print(
         f"disk: store {disk['store'] / 1e6:,.0f} MB, SAEs {disk['saes'] / 1e6:,.0f} MB "
-        f"({sweep_cfg.save_dtype} weights, --save-dtype), {checkpoint_text(disk)}, total "
-        f"{disk['total'] / 1e9:,.2f} GB"
+        f"({sweep_cfg.save_dtype} weights, --save-dtype; {drop_text(disk, sweep_cfg)}), "
+        f"their scores and digests {disk['scores'] / 1e6:,.0f} MB, {checkpoint_text(disk)}, "
+        f"total {disk['total'] / 1e9:,.2f} GB"
     )
     sec = est["seconds"]
     stages = ", ".join(f"{k} {v:,.0f}" for k, v in sec.items() if k != "total")
@@ -152,9 +153,21 @@ def print_whole(the_plan: Plan, sweep_cfg, analysis_cfg, rates: dict) -> None:
         f"with all {cfg.tokens:,} tokens --tokens asks (a hub --corpus gives them; this "
         f"corpus is short): {est['tokens']['train']:,} train, {est['tokens']['eval']:,} eval; "
         f"time about {sec['total'] / 3600:,.1f} h ({stages} min, the longest stages); disk: "
-        f"store {gb['store']}, SAEs {gb['saes']}, training checkpoint {gb['checkpoint']}, "
-        f"total {gb['total']}; memory as above"
+        f"store {gb['store']}, SAEs {gb['saes']} ({gb['saes_other']} "
+        f"{'without' if sweep_cfg.drop_weights else 'with'} --drop-weights), scores "
+        f"{gb['scores']}, training checkpoint {gb['checkpoint']}, total {gb['total']}; "
+        "memory as above"
     )
+
+
+def drop_text(disk: dict, sweep_cfg) -> str:
+    """What --drop-weights does to the SAEs' disk, either way."""
+    if sweep_cfg.drop_weights:
+        return (
+            "--drop-weights: the reference and one width at a time; "
+            f"{disk['saes_other'] / 1e6:,.0f} MB kept"
+        )
+    return f"{disk['saes_other'] / 1e6:,.0f} MB with --drop-weights"
 
 
 def checkpoint_text(disk: dict) -> str:
