@@ -111,6 +111,24 @@ def test_a_run_stopped_anywhere_resumes_to_the_same_numbers(
     assert numbers(resumed) == numbers(reference)
 
 
+@pytest.mark.parametrize("fault", ["stage.sweep:2", "scores.sae:2", "stage.report"])
+def test_a_run_dropping_weights_resumes_to_the_numbers_of_one_that_keeps_them(
+    fault, reference, tmp_path, tiny_model, text_corpus, monkeypatch
+):
+    """--drop-weights stopped in its second width (the first one's weights kept as the
+    reference), or once every width is dropped: the re-run reuses what was kept."""
+    args = [*args_for(tiny_model("llama"), text_corpus, tmp_path / "run"), "--drop-weights"]
+    monkeypatch.setenv(ENV, fault)
+    with pytest.raises(InjectedFault):
+        cli.main(args)
+    monkeypatch.delenv(ENV)
+    assert cli.main(args) == 0
+    resumed = json.loads((tmp_path / "run" / "results.json").read_text())
+    for key in ("sweep", "subspace", "sigma", "ce", "controls"):
+        assert numbers(resumed[key]) == numbers(reference[key]), key
+    assert resumed["saes"]["topk-w32"]["weights_dropped"]
+
+
 def test_mid_sae_kill_resumes_from_the_checkpoint(
     reference, tmp_path, tiny_model, text_corpus, monkeypatch
 ):

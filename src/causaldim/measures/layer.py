@@ -90,10 +90,7 @@ def measure_layer(
     executor = executor or LocalExecutor()
     device = resolve_device(executor.device)  # under Ray, the driver's
     read = eval_stores or store
-    for name in ("sweep", "ce_loss_recovered", "scores", "analysis"):
-        seconds[name] = 0.0
-
-    def timed(name: str, work):
+    def timed(name: str, work):  # a stage's seconds, summed over the sweep's groups
         fault_point(f"stage.{name}")
         t = time.perf_counter()
         value = work()
