@@ -286,6 +286,14 @@ def analysis_work(n_widths: int) -> Work:
     return Work(eigs=n_widths * (1 + RESAMPLES))
 
 
+def digest_work(d: int, sweep: SweepConfig, reference: int | None) -> Work:
+    """The decoders' digests: each wider width's cosines against the reference's
+    (measures/digest.py), a product of the encoder's shape."""
+    reference = reference or sweep.widths[0]
+    wider = sum(m for m in sweep.widths if m > reference)
+    return Work(sae=2 * d * reference * wider * len(sweep.architectures))
+
+
 def control_work(
     the_plan: Plan,
     sweep: SweepConfig,
@@ -400,7 +408,8 @@ def estimate(
         "sweep": Work(sae=0 if sweep.imports else 4 * d * width_sum * n_train * sweep.epochs),
         "ce_loss_recovered": Work(model=2 * (up + above) * sweep.ce_sequences * seq * (2 + n_saes)),
         "scores": Work(sae=4 * d * width_sum * n_eval),
-        "analysis": analysis_work(len(sweep.widths) * len(sweep.architectures)),
+        "analysis": analysis_work(len(sweep.widths) * len(sweep.architectures))
+        + digest_work(d, sweep, analysis.reference_width),
     }
     work.update(control_work(the_plan, sweep, analysis, work, params))
     if tapped:

@@ -45,23 +45,27 @@ def decoder_shares(W_dec: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
 
 
 def digest(
-    W_dec: torch.Tensor, basis: torch.Tensor | None, reference: torch.Tensor | None
+    W_dec: torch.Tensor,
+    basis: torch.Tensor | None,
+    reference: torch.Tensor | None,
+    device: str | torch.device = "cpu",
 ) -> DecoderDigest:
     """The digest of one decoder ([width, d]): its shares in span(basis) (none without
-    one) and its cosines against the reference decoder (none without one)."""
+    one) and its cosines against the reference decoder (none without one), the products
+    on device, ROWS rows at a time."""
     shares = EMPTY if basis is None else decoder_shares(W_dec, basis)
     if reference is None:
         return DecoderDigest(shares)
-    unit, ref_unit = unit_rows(W_dec), unit_rows(reference)
-    best = torch.full((len(ref_unit),), -1.0)
+    unit, ref_unit = unit_rows(W_dec), unit_rows(reference).to(device)
+    best = torch.full((len(ref_unit),), -1.0, device=device)
     nearest, nearest_cos = [], []
     for start in range(0, len(unit), ROWS):
-        cos = unit[start : start + ROWS] @ ref_unit.T  # [rows, reference width]
+        cos = unit[start : start + ROWS].to(device) @ ref_unit.T  # [rows, reference width]
         best = torch.maximum(best, cos.max(0).values)
         value, index = cos.max(1)
-        nearest.append(index)
-        nearest_cos.append(value)
-    return DecoderDigest(shares, torch.cat(nearest), torch.cat(nearest_cos), best)
+        nearest.append(index.cpu())
+        nearest_cos.append(value.cpu())
+    return DecoderDigest(shares, torch.cat(nearest), torch.cat(nearest_cos), best.cpu())
 
 
 def digest_path(scores_path: Path) -> Path:

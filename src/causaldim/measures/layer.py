@@ -90,6 +90,7 @@ def measure_layer(
     executor = executor or LocalExecutor()
     device = resolve_device(executor.device)  # under Ray, the driver's
     read = eval_stores or store
+
     def timed(name: str, work):  # a stage's seconds, summed over the sweep's groups
         fault_point(f"stage.{name}")
         t = time.perf_counter()
@@ -112,6 +113,7 @@ def measure_layer(
         sweep_cfg.ce_sequences,
         reference_width=analysis_cfg.reference_width
         or (None if sweep_cfg.imports else sweep_cfg.widths[0]),
+        device=device,
     )
     for group in _groups(sweep_cfg):
         reusable = swept.reusable if sweep_cfg.drop_weights else None
@@ -180,6 +182,7 @@ class _Swept:
     load_lm: Callable[[], LoadedModel] | None
     ce_sequences: int
     reference_width: int | None  # None: each architecture's narrowest (imported SAEs)
+    device: torch.device  # where the digests' products run
     entries: list[SweepEntry] = field(default_factory=list)
     replicates: list[SweepEntry] = field(default_factory=list)
     scores: dict[str, dict[int, Scores]] = field(default_factory=dict)
@@ -282,7 +285,7 @@ class _Swept:
         are at hand, else as kept when they were dropped."""
         if live or self.ce is None:
             seqs = self.store.token_ids("eval", self.ce_sequences)
-            part = splice_evaluation(self.load_lm(), self.store, seqs, live)
+            part = splice_evaluation(self.load_lm(), self.store, seqs, live, self.ce)
             self.ce = part if self.ce is None else {**part, "saes": self.ce["saes"]}
             self.ce["saes"].update(part["saes"])
         for e in firsts:
@@ -315,6 +318,6 @@ class _Swept:
         width, ref_dec, ref_sha = self.references.get(e.architecture, (e.width, None, None))
         wider = e.width > width
         basis = None if self.basis is None else self.basis[1]
-        d = digest(live[e.name].W_dec, basis, ref_dec if wider else None)
+        d = digest(live[e.name].W_dec, basis, ref_dec if wider else None, self.device)
         save_digest(d, path)
         return d, ref_sha if wider else None

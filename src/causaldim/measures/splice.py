@@ -77,14 +77,18 @@ def ce_loss_recovered(
     layer: int,
     seqs: torch.Tensor,
     saes: dict[str, torch.nn.Module],
-    mean: torch.Tensor,
+    mean: torch.Tensor | None,
     threshold: float,
     batch_size: int = 8,
+    baseline: dict | None = None,
 ) -> dict:
-    """Clean, mean-ablated and per-SAE spliced mean losses, and for each SAE
-    (L_ablated - L_sae) / (L_ablated - L_clean)."""
-    mean = mean.to(lm.device)
-    replacements = {"clean": None, "mean_ablated": lambda h: mean.expand_as(h)}
+    """Clean, mean-ablated (by `mean`) and per-SAE spliced mean losses, and for each SAE
+    (L_ablated - L_sae) / (L_ablated - L_clean). baseline: an earlier result on the same
+    sequences, whose clean and mean-ablated losses are then not computed again."""
+    replacements = {}
+    if baseline is None:
+        mean = mean.to(lm.device)
+        replacements = {"clean": None, "mean_ablated": lambda h: mean.expand_as(h)}
     replacements.update({name: sae for name, sae in saes.items()})
     totals = dict.fromkeys(replacements, 0.0)
     count = 0
@@ -97,7 +101,11 @@ def ce_loss_recovered(
                 loss, n = spliced_loss(lm, layer, b, fn, threshold, h)
                 totals[name] += loss
                 count += n if name == "clean" else 0  # the same predictions for every one
+    if baseline:
+        count = baseline["n_predictions"]
     means = {k: v / count for k, v in totals.items()}
+    if baseline:
+        means.update(clean=baseline["clean_loss"], mean_ablated=baseline["mean_ablated_loss"])
     gap = means["mean_ablated"] - means["clean"]
     return {
         "clean_loss": means["clean"],

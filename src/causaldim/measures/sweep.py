@@ -291,20 +291,27 @@ def load_entries(entries: list[SweepEntry]) -> dict[str, SAE]:
     return {e.name: load_entry(e).requires_grad_(False) for e in entries}
 
 
-def splice_evaluation(lm, store: Store, seqs: torch.Tensor, saes: dict[str, SAE]) -> dict:
+def splice_evaluation(
+    lm, store: Store, seqs: torch.Tensor, saes: dict[str, SAE], baseline: dict | None = None
+) -> dict:
     """CE loss recovered of every SAE of the sweep, spliced in at the store's layer on
-    these eval sequences; the mean-ablation floor uses the eval split's mean residual."""
-    total, n = torch.zeros(store.d_model, dtype=torch.float64), 0
-    for batch in store.batches("eval", ("h",), 8192):
-        total += batch["h"].double().sum(0)
-        n += len(batch["h"])
+    these eval sequences; the mean-ablation floor uses the eval split's mean residual (or
+    baseline's losses: an earlier result on the same sequences)."""
+    mean = None
+    if baseline is None:
+        total, n = torch.zeros(store.d_model, dtype=torch.float64), 0
+        for batch in store.batches("eval", ("h",), 8192):
+            total += batch["h"].double().sum(0)
+            n += len(batch["h"])
+        mean = (total / n).float()
     return ce_loss_recovered(
         lm,
         store.manifest["layer"],
         seqs,
         saes,
-        (total / n).float(),
+        mean,
         store.manifest["outliers"]["threshold"],
+        baseline=baseline,
     )
 
 
