@@ -34,6 +34,7 @@ READ_BY_EVERY_RUN = {
     *("read_tokens", "profile", "controls"),
     # the sweep, trained or imported
     *("sae_seeds", "sae_paths", "sae_release", "sae_ids", "executor", "ce_sequences"),
+    "drop_weights",  # refused with imported SAEs
 }
 
 # (setting, value, settings under which it is not read, settings under which it is)

@@ -69,7 +69,7 @@ def test_any_typed_setting_is_checked_without_crashing(overrides):
         harvest, sweep, analysis = preset_configs("smoke", **overrides)
         sweep.check()
         analysis.check()
-        analysis.check_against(sweep)
+        sweep.check_reference(analysis.reference_width)
     except UsageError as exc:
         assert str(exc) and "\n" not in str(exc)
         return

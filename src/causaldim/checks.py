@@ -76,7 +76,7 @@ def check(
 
     sweep_cfg.check()
     analysis_cfg.check()
-    analysis_cfg.check_against(sweep_cfg)
+    sweep_cfg.check_reference(analysis_cfg.reference_width)
     # The release's ids as files to fetch: no download yet (an unknown release stops here).
     wanted = (
         releases.resolve(sweep_cfg.sae_release, sweep_cfg.sae_ids) if sweep_cfg.sae_release else []

@@ -7,12 +7,8 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .errors import UsageError
-
-if TYPE_CHECKING:  # sweep_config imports this module's helpers
-    from .sweep_config import SweepConfig
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
 DTYPE_CHOICES = ("auto", *COMPUTE_DTYPES)
@@ -326,15 +322,6 @@ class AnalysisConfig:
             raise UsageError(f"--read-tokens must be positive, got {self.read_tokens}")
         if not 0.0 < self.percentile < 100.0:
             raise UsageError(f"--percentile must lie in (0, 100), got {self.percentile}")
-
-    def check_against(self, sweep: SweepConfig) -> None:
-        if sweep.imports:  # the widths are the imported SAEs', known once they are read
-            return
-        if self.reference_width is not None and self.reference_width not in sweep.widths:
-            raise UsageError(
-                f"--reference-width {self.reference_width} is not among --widths "
-                f"{' '.join(map(str, sweep.widths))}; pass one of them"
-            )
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -176,6 +176,15 @@ class SweepConfig:
         if self.optimizer not in OPTIMIZERS:
             raise UsageError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}")
 
+    def check_reference(self, reference_width: int | None) -> None:
+        """--reference-width among the widths (imported SAEs' widths are known once read)."""
+        if self.imports or reference_width is None or reference_width in self.widths:
+            return
+        raise UsageError(
+            f"--reference-width {reference_width} is not among --widths "
+            f"{' '.join(map(str, self.widths))}; pass one of them"
+        )
+
     def dead_tokens_for(self, trained_tokens: int) -> int:
         """--dead-tokens, or its default for SAEs that train on this many tokens."""
         return self.dead_tokens or max(1, trained_tokens // 10)
