@@ -97,17 +97,22 @@ FAULTS = [
 ]
 
 
-@pytest.mark.parametrize("fault", FAULTS)
-def test_a_run_stopped_anywhere_resumes_to_the_same_numbers(
-    fault, reference, tmp_path, tiny_model, text_corpus, monkeypatch
-):
-    args = args_for(tiny_model("llama"), text_corpus, tmp_path / "run")
+def stopped_and_resumed(args: list[str], fault: str, out, monkeypatch) -> dict:
+    """The run stopped at the fault, then run again: its results."""
     monkeypatch.setenv(ENV, fault)
     with pytest.raises(InjectedFault):
         cli.main(args)
     monkeypatch.delenv(ENV)
     assert cli.main(args) == 0
-    resumed = json.loads((tmp_path / "run" / "results.json").read_text())
+    return json.loads((out / "results.json").read_text())
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_run_stopped_anywhere_resumes_to_the_same_numbers(
+    fault, reference, tmp_path, tiny_model, text_corpus, monkeypatch
+):
+    args = args_for(tiny_model("llama"), text_corpus, tmp_path / "run")
+    resumed = stopped_and_resumed(args, fault, tmp_path / "run", monkeypatch)
     assert numbers(resumed) == numbers(reference)
 
 
@@ -118,12 +123,7 @@ def test_a_run_dropping_weights_resumes_to_the_numbers_of_one_that_keeps_them(
     """--drop-weights stopped in its second width (the first one's weights kept as the
     reference), or once every width is dropped: the re-run reuses what was kept."""
     args = [*args_for(tiny_model("llama"), text_corpus, tmp_path / "run"), "--drop-weights"]
-    monkeypatch.setenv(ENV, fault)
-    with pytest.raises(InjectedFault):
-        cli.main(args)
-    monkeypatch.delenv(ENV)
-    assert cli.main(args) == 0
-    resumed = json.loads((tmp_path / "run" / "results.json").read_text())
+    resumed = stopped_and_resumed(args, fault, tmp_path / "run", monkeypatch)
     for key in ("sweep", "subspace", "sigma", "ce", "controls"):
         assert numbers(resumed[key]) == numbers(reference[key]), key
     assert resumed["saes"]["topk-w32"]["weights_dropped"]

@@ -240,14 +240,12 @@ class AnalysisConfig:
         "Sequence blocks of the profile's estimates (each layer and reading keeps a d x d "
         "sum per block: memory grows with it).",
     )
-    controls: list[str] = field(
-        default_factory=list,
-        metadata={
-            "help": "Controls to run beside the headline: 'all', or any of "
-            + ", ".join(CONTROLS)
-            + " ('architectures' adds JumpReLU and ReLU to the sweep).",
-            "choices": ("all", *CONTROLS),
-        },
+    controls: list[str] = option(
+        [],
+        "Controls to run beside the headline: 'all', or any of "
+        + ", ".join(CONTROLS)
+        + " ('architectures' adds JumpReLU and ReLU to the sweep).",
+        choices=("all", *CONTROLS),
     )
     control_epochs: int | None = option(
         None,
@@ -256,19 +254,17 @@ class AnalysisConfig:
         "this or --control-widths, the architectures control trains its three sweeps apart "
         "instead of widening the headline's.",
     )
-    control_widths: list[int] = field(
-        default_factory=list,
-        metadata={"help": "Widths of those controls' own sweeps (default: --widths)."},
+    control_widths: list[int] = option(
+        [],
+        "Widths of those controls' own sweeps (default: --widths).",
     )
     ablation_features: int = option(16, "Features per width really ablated (control 'ablation').")
     ablation_sequences: int = option(16, "Eval sequences they are ablated on (control 'ablation').")
     task_prompts: int = option(64, "Generated subject-verb agreement prompts (control 'task').")
-    depth_layers: list[int] = field(
-        default_factory=list,
-        metadata={
-            "help": "Layers measured beside --layer, in the same model pass (control 'depth'); "
-            "default: 1, n/4, n/2, 3n/4 and n-2 of the model's n blocks."
-        },
+    depth_layers: list[int] = option(
+        [],
+        "Layers measured beside --layer, in the same model pass (control 'depth'); "
+        "default: 1, n/4, n/2, 3n/4 and n-2 of the model's n blocks.",
     )
     scale_model: str | None = option(
         None,

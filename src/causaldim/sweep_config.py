@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .config import DTYPE_CHOICES, check_finite, flag_of, option
@@ -18,16 +18,14 @@ from .sae.optim import OPTIMIZERS
 class SweepConfig:
     """The SAE width sweep: which SAEs, and how they are trained."""
 
-    widths: list[int] = field(
-        default_factory=lambda: [256, 512, 1024, 2048, 4096],
-        metadata={"help": "SAE widths, increasing (the smallest is the reference width)."},
+    widths: list[int] = option(
+        [256, 512, 1024, 2048, 4096],
+        "SAE widths, increasing (the smallest is the reference width).",
     )
-    architectures: list[str] = field(
-        default_factory=lambda: ["topk"],
-        metadata={
-            "help": "Architectures to train: topk, jumprelu, relu.",
-            "choices": tuple(ARCHITECTURES),
-        },
+    architectures: list[str] = option(
+        ["topk"],
+        "Architectures to train: topk, jumprelu, relu.",
+        choices=tuple(ARCHITECTURES),
     )
     k: int = option(32, "TopK's k, and the target L0 of JumpReLU and ReLU (matched L0).")
     sae_dtype: str = option(
@@ -79,12 +77,10 @@ class SweepConfig:
         "Save each SAE's training state every this many steps, so that a killed sweep "
         "resumes mid-SAE (0: never).",
     )
-    sae_paths: list[str] = field(
-        default_factory=list,
-        metadata={
-            "help": "SAEs trained elsewhere, used instead of training: Gemma Scope "
-            "params.npz files, SAELens or sparsify folders (their widths make the sweep)."
-        },
+    sae_paths: list[str] = option(
+        [],
+        "SAEs trained elsewhere, used instead of training: Gemma Scope "
+        "params.npz files, SAELens or sparsify folders (their widths make the sweep).",
     )
     sae_release: str | None = option(
         None,
@@ -93,13 +89,11 @@ class SweepConfig:
         "EleutherAI/sae-llama-3-8b-32x, ...) or any hub repo 'owner/name'; the SAEs are "
         "named by --sae-ids and fetched into the Hugging Face cache.",
     )
-    sae_ids: list[str] = field(
-        default_factory=list,
-        metadata={
-            "help": "The SAEs of --sae-release, as their folders in its repo (e.g. "
-            "layer_12/width_16k/average_l0_82 layer_12/width_65k/average_l0_72; "
-            "blocks.7.hook_resid_pre; layers.12): their widths make the sweep."
-        },
+    sae_ids: list[str] = option(
+        [],
+        "The SAEs of --sae-release, as their folders in its repo (e.g. "
+        "layer_12/width_16k/average_l0_82 layer_12/width_65k/average_l0_72; "
+        "blocks.7.hook_resid_pre; layers.12): their widths make the sweep.",
     )
     executor: str = option(
         "local",
