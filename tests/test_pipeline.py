@@ -515,6 +515,10 @@ def test_dropping_weights_once_scored_gives_the_same_numbers(finished_run, tmp_p
     assert [n for n, s in dropped["saes"].items() if s.get("weights_dropped")] == [
         f"topk-w{m}" for m in (32, 64, 128, 256)
     ]
+    assert (
+        "weights dropped once scored (--drop-weights): topk-w32, topk-w64"
+        in (copy / "report.md").read_text()
+    )
     # A re-run trains nothing: it reads the kept scores, digests and CE loss recovered.
     assert cli.main([*args, "--drop-weights"]) == 0
     again = json.loads((copy / "results.json").read_text())

@@ -459,6 +459,12 @@ def provenance(doc: Doc, results: dict) -> None:
         for name, sae in results["saes"].items()
         if sae.get("source")
     ]
+    dropped = [name for name, sae in results["saes"].items() if sae.get("weights_dropped")]
+    if dropped:
+        items.append(
+            f"weights dropped once scored (--drop-weights): {', '.join(dropped)}; their "
+            "scores and decoder digests are kept under scores/, the reference's weights too"
+        )
     if ce:
         items.append(
             f"CE loss recovered on {ce['n_predictions']:,} predictions: clean loss "
