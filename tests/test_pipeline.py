@@ -540,6 +540,25 @@ def test_dropping_weights_once_scored_gives_the_same_numbers(finished_run, tmp_p
     assert len(list((copy / "saes").glob("*/sae.safetensors"))) == 5
 
 
+def test_dropping_weights_with_two_architectures_and_seeds(finished_run, tmp_path):
+    """Each architecture keeps its own reference; every replicate is dropped, its scores
+    still carrying the seeds' spread into the intervals."""
+    out, args = finished_run
+    extra = ["--architectures", "topk", "relu", "--sae-seeds", "2", "--widths", "16", "32", "64"]
+    extra += ["--epochs", "1", "--bootstrap", "10"]
+    runs = {}
+    for name, drop in (("keep", []), ("drop", ["--drop-weights"])):
+        copy = tmp_path / name
+        shutil.copytree(out / "stores", copy / "stores")
+        assert cli.main([*args[: args.index("--out")], "--out", str(copy), *extra, *drop]) == 0
+        runs[name] = json.loads((copy / "results.json").read_text())
+    for key in ("sweep", "subspace", "ce"):
+        assert runs["drop"][key] == runs["keep"][key], key
+    kept = sorted(p.parent.name for p in (tmp_path / "drop" / "saes").glob("*/sae.safetensors"))
+    assert kept == ["relu-w16", "topk-w16"]
+    assert len(runs["drop"]["saes"]) == 12 and runs["drop"]["sweep"]["relu"]["seeds"] == 2
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
