@@ -6,6 +6,7 @@ test, skipped where there is none."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -169,13 +170,29 @@ def test_every_tensor_a_stage_makes_names_its_device(tiny_lm_store, tmp_path):
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 def test_a_gpu_run_gives_the_cpu_numbers(tiny_model, text_corpus, tmp_path):
-    """float32 on both; the GPU's sums in another order move the last digits only."""
+    """float32 on both; the GPU's sums in another order move the last digits only. On the
+    GPU, --drop-weights over the same SAEs (its digests' products there) gives the same
+    counts and splits."""
     runs = {}
-    for device in ("cpu", "cuda"):
-        out = tmp_path / device
-        args = [*args_for(tiny_model("llama"), text_corpus, out), "--device", device]
+    for name, device, extra in (
+        ("cpu", "cpu", []),
+        ("cuda", "cuda", []),
+        ("drop", "cuda", ["--drop-weights"]),
+    ):
+        out = tmp_path / name
+        if name == "drop":  # the GPU run's store and SAEs, scored and dropped
+            shutil.copytree(tmp_path / "cuda", out)
+        args = [*args_for(tiny_model("llama"), text_corpus, out), "--device", device, *extra]
         assert cli.main([*args, "--dtype", "float32", "--sae-dtype", "float32"]) == 0
-        runs[device] = json.loads((out / "results.json").read_text())
+        runs[name] = json.loads((out / "results.json").read_text())
+    for arch, result in runs["cuda"]["sweep"].items():
+        dropped = runs["drop"]["sweep"][arch]
+        assert [r["n_causal"] for r in result["per_width"]] == [
+            r["n_causal"] for r in dropped["per_width"]
+        ]
+        assert [s["children"] for s in result["splits"]] == [
+            s["children"] for s in dropped["splits"]
+        ]
     cpu, gpu = (numbers(runs[k]) for k in ("cpu", "cuda"))
     assert gpu["config"]["harvest"]["device"].startswith("cuda")
     for arch, result in cpu["sweep"].items():
