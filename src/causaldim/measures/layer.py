@@ -236,29 +236,16 @@ class _Swept:
         return out
 
     def add(self, trained: list[SweepEntry], executor, progress: bool, drop: bool, timed):
-        """Measure one group of the sweep's SAEs; with drop, let their weights go."""
-        firsts = sorted((e for e in trained if e.replicate == 0), key=lambda e: e.width)
-        live = {e.name: load_entry(e).requires_grad_(False) for e in firsts if not e.dropped}
-        for e in firsts:  # the reference comes first: the wider ones are compared with it
-            width = self.reference_width or min(
-                f.width for f in firsts if f.architecture == e.architecture
-            )
-            if e.architecture not in self.references and e.width == width:
-                self.references[e.architecture] = (
-                    width,
-                    live[e.name].W_dec.detach().cpu(),
-                    e.meta.get("weights_sha256"),  # none where imported
-                )
-        ce = timed("ce_loss_recovered", lambda: self._splice(firsts, live)) if self.load_lm else {}
+        """Measure one group of the sweep's SAEs, one SAE in memory at a time; with drop,
+        let their weights go."""
         scored = timed("scores", lambda: self._score(trained, executor, progress))
-        for e in trained:
-            kept = {**self.computed_with, "ce": ce.get(e.name)}
-            if e.replicate == 0:
-                d, kept["reference_sha256"] = timed("analysis", lambda e=e: self._digest(e, live))
-                self.digests.setdefault(e.architecture, {})[e.width] = d
-            if drop and not e.dropped and not (e.replicate == 0 and e.name in self.kept_names):
+        # the reference first: the wider ones are compared with it
+        for e in sorted(trained, key=lambda e: (e.replicate, e.width)):
+            first = e.replicate == 0
+            kept = self._measure(e, trained, timed) if first else dict(self.computed_with)
+            if drop and not e.dropped and not (first and e.name in self.kept_names):
                 e = drop_weights(e, {**kept, **self._hashes(e)})
-            if e.replicate == 0:
+            if first:
                 self.entries.append(e)
                 self.scores.setdefault(e.architecture, {})[e.width] = scored[e.name]
             else:
@@ -266,6 +253,23 @@ class _Swept:
                 self.again.setdefault(e.architecture, {}).setdefault(e.width, []).append(
                     scored[e.name]
                 )
+
+    def _measure(self, e: SweepEntry, group: list[SweepEntry], timed) -> dict:
+        """What one SAE needs its weights for (loaded here, let go on return): its CE
+        loss recovered and its decoder's digest; returns what a drop keeps of it."""
+        sae = None if e.dropped else load_entry(e).requires_grad_(False)
+        reference = self.reference_width or min(
+            f.width for f in group if f.architecture == e.architecture
+        )
+        if e.architecture not in self.references and e.width == reference:
+            sha = e.meta.get("weights_sha256")  # none where imported
+            self.references[e.architecture] = (reference, sae.W_dec.detach().cpu(), sha)
+        kept = dict(self.computed_with)
+        if self.load_lm is not None:
+            kept["ce"] = timed("ce_loss_recovered", lambda: self._splice(e, sae))
+        d, kept["reference_sha256"] = timed("analysis", lambda: self._digest(e, sae))
+        self.digests.setdefault(e.architecture, {})[e.width] = d
+        return kept
 
     @property
     def kept_names(self) -> set[str]:
@@ -280,18 +284,22 @@ class _Swept:
             found["digest_sha256"] = sha256_file(digest_path(path))
         return found
 
-    def _splice(self, firsts: list[SweepEntry], live: dict) -> dict:
-        """CE loss recovered of the group's SAEs, by name: spliced in where their weights
-        are at hand, else as kept when they were dropped."""
-        if live or self.ce is None:
+    def _splice(self, e: SweepEntry, sae: SAE | None) -> dict:
+        """Its CE loss recovered: spliced into the model (the clean and mean-ablated
+        losses computed once, with the first), or as kept where its weights were dropped."""
+        if sae is None:
+            found = e.meta["dropped"]["ce"]
+        else:
             seqs = self.store.token_ids("eval", self.ce_sequences)
-            part = splice_evaluation(self.load_lm(), self.store, seqs, live, self.ce)
-            self.ce = part if self.ce is None else {**part, "saes": self.ce["saes"]}
-            self.ce["saes"].update(part["saes"])
-        for e in firsts:
-            if e.dropped:
-                self.ce["saes"][e.name] = e.meta["dropped"]["ce"]
-        return {e.name: self.ce["saes"][e.name] for e in firsts}
+            part = splice_evaluation(self.load_lm(), self.store, seqs, {e.name: sae}, self.ce)
+            found = part["saes"][e.name]
+            if self.ce is None:
+                self.ce = {**part, "saes": {}}
+        if self.ce is None:  # every SAE so far was dropped: the baseline alone
+            seqs = self.store.token_ids("eval", self.ce_sequences)
+            self.ce = {**splice_evaluation(self.load_lm(), self.store, seqs, {}), "saes": {}}
+        self.ce["saes"][e.name] = found
+        return found
 
     def _score(self, trained: list[SweepEntry], executor, progress: bool) -> dict[str, Scores]:
         """Every SAE's scores, by name: scored where its weights are at hand, else read."""
@@ -308,16 +316,16 @@ class _Swept:
             for e in trained
         }
 
-    def _digest(self, e: SweepEntry, live: dict) -> tuple[DecoderDigest, str | None]:
+    def _digest(self, e: SweepEntry, sae: SAE | None) -> tuple[DecoderDigest, str | None]:
         """Its decoder's digest (computed and saved, or read where the weights were
         dropped), and the sha256 of the reference weights it was computed against (None:
         not wider than the reference)."""
         path = digest_path(self.scores_path(e))
-        if e.dropped:
+        if sae is None:
             return load_digest(path), e.meta["dropped"].get("reference_sha256")
         width, ref_dec, ref_sha = self.references.get(e.architecture, (e.width, None, None))
         wider = e.width > width
         basis = None if self.basis is None else self.basis[1]
-        d = digest(live[e.name].W_dec, basis, ref_dec if wider else None, self.device)
+        d = digest(sae.W_dec, basis, ref_dec if wider else None, self.device)
         save_digest(d, path)
         return d, ref_sha if wider else None
