@@ -32,6 +32,7 @@ from .diagnose import imported_l0_spread
 from .digest import DecoderDigest, digest, digest_path, load_digest, save_digest
 from .score import ScoreJob, Scores, load_scores, score_job
 from .sigma import measure, other_outlier_choice
+from .splice import block_outputs
 from .subspace import basis_of
 from .sweep import SweepEntry, drop_weights, load_entry, splice_evaluation, sweep_saes
 
@@ -190,6 +191,7 @@ class _Swept:
     digests: dict[str, dict[int, DecoderDigest]] = field(default_factory=dict)
     references: dict[str, tuple[int, torch.Tensor, str]] = field(default_factory=dict)
     ce: dict | None = None
+    ce_hidden: tuple[torch.Tensor, list[torch.Tensor]] | None = None  # sequences, block L out
 
     def scores_path(self, e: SweepEntry) -> Path:
         return self.out / "scores" / f"{e.name}.safetensors"
@@ -286,20 +288,23 @@ class _Swept:
 
     def _splice(self, e: SweepEntry, sae: SAE | None) -> dict:
         """Its CE loss recovered: spliced into the model (the clean and mean-ablated
-        losses computed once, with the first), or as kept where its weights were dropped."""
+        losses, and block L's output, computed once), or as kept where its weights were
+        dropped."""
+        if self.ce_hidden is None:
+            seqs = self.store.token_ids("eval", self.ce_sequences)
+            layer = self.store.manifest["layer"]
+            self.ce_hidden = (seqs, block_outputs(self.load_lm(), layer, seqs))
+        seqs, hidden = self.ce_hidden
+        lm = self.load_lm()
+        if self.ce is None:  # the baseline, with the first SAE whose weights are here
+            saes = {} if sae is None else {e.name: sae}
+            self.ce = splice_evaluation(lm, self.store, seqs, saes, hidden=hidden)
+        elif sae is not None:
+            part = splice_evaluation(lm, self.store, seqs, {e.name: sae}, self.ce, hidden)
+            self.ce["saes"].update(part["saes"])
         if sae is None:
-            found = e.meta["dropped"]["ce"]
-        else:
-            seqs = self.store.token_ids("eval", self.ce_sequences)
-            part = splice_evaluation(self.load_lm(), self.store, seqs, {e.name: sae}, self.ce)
-            found = part["saes"][e.name]
-            if self.ce is None:
-                self.ce = {**part, "saes": {}}
-        if self.ce is None:  # every SAE so far was dropped: the baseline alone
-            seqs = self.store.token_ids("eval", self.ce_sequences)
-            self.ce = {**splice_evaluation(self.load_lm(), self.store, seqs, {}), "saes": {}}
-        self.ce["saes"][e.name] = found
-        return found
+            self.ce["saes"][e.name] = e.meta["dropped"]["ce"]
+        return self.ce["saes"][e.name]
 
     def _score(self, trained: list[SweepEntry], executor, progress: bool) -> dict[str, Scores]:
         """Every SAE's scores, by name: scored where its weights are at hand, else read."""

@@ -72,6 +72,15 @@ def zero_feature(sae: SAE, feature: int) -> Callable[[torch.Tensor], torch.Tenso
     return edit
 
 
+@torch.no_grad()
+def block_outputs(
+    lm: LoadedModel, layer: int, seqs: torch.Tensor, batch_size: int = 8
+) -> list[torch.Tensor]:
+    """Block `layer`'s clean output for each batch of seqs, once: every splice then runs
+    only the blocks above it."""
+    return [residuals_at(lm, (layer,), b)[layer] for b in seqs.split(batch_size)]
+
+
 def ce_loss_recovered(
     lm: LoadedModel,
     layer: int,
@@ -81,10 +90,12 @@ def ce_loss_recovered(
     threshold: float,
     batch_size: int = 8,
     baseline: dict | None = None,
+    hidden: list[torch.Tensor] | None = None,
 ) -> dict:
     """Clean, mean-ablated (by `mean`) and per-SAE spliced mean losses, and for each SAE
     (L_ablated - L_sae) / (L_ablated - L_clean). baseline: an earlier result on the same
-    sequences, whose clean and mean-ablated losses are then not computed again."""
+    sequences, whose clean and mean-ablated losses are then not computed again; hidden:
+    block_outputs of these sequences, computed once for every call."""
     replacements = {}
     if baseline is None:
         mean = mean.to(lm.device)
@@ -93,8 +104,7 @@ def ce_loss_recovered(
     totals = dict.fromkeys(replacements, 0.0)
     count = 0
     batches = list(seqs.split(batch_size))
-    # block L's clean output, once: every replacement then runs only the blocks above it
-    hidden = [residuals_at(lm, (layer,), b)[layer] for b in batches]
+    hidden = hidden or block_outputs(lm, layer, seqs, batch_size)
     for name, fn in replacements.items():  # one SAE at a time on the model's device
         with placed(fn, lm.device) if isinstance(fn, torch.nn.Module) else nullcontext():
             for b, h in zip(batches, hidden, strict=True):

@@ -292,11 +292,17 @@ def load_entries(entries: list[SweepEntry]) -> dict[str, SAE]:
 
 
 def splice_evaluation(
-    lm, store: Store, seqs: torch.Tensor, saes: dict[str, SAE], baseline: dict | None = None
+    lm,
+    store: Store,
+    seqs: torch.Tensor,
+    saes: dict[str, SAE],
+    baseline: dict | None = None,
+    hidden: list[torch.Tensor] | None = None,
 ) -> dict:
     """CE loss recovered of every SAE of the sweep, spliced in at the store's layer on
     these eval sequences; the mean-ablation floor uses the eval split's mean residual (or
-    baseline's losses: an earlier result on the same sequences)."""
+    baseline's losses: an earlier result on the same sequences; hidden: their
+    splice.block_outputs)."""
     mean = None
     if baseline is None:
         total, n = torch.zeros(store.d_model, dtype=torch.float64), 0
@@ -312,6 +318,7 @@ def splice_evaluation(
         mean,
         store.manifest["outliers"]["threshold"],
         baseline=baseline,
+        hidden=hidden,
     )
 
 
