@@ -31,17 +31,17 @@ class DecoderDigest(NamedTuple):
     best: torch.Tensor = EMPTY  # [reference width]: its best cosine with any row here
 
 
-def unit_rows(w_dec: torch.Tensor) -> torch.Tensor:
-    w = w_dec.detach().float().cpu()
+def unit_rows(w: torch.Tensor) -> torch.Tensor:
+    w = w.detach().float()
     return w / w.norm(dim=1, keepdim=True).clamp_min(1e-12)
 
 
 def decoder_shares(W_dec: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
     """Per decoder row, the share of its squared norm inside span(basis) ([d, k],
-    orthonormal columns)."""
-    rows = W_dec.detach().double().cpu()
-    inside = (rows @ basis.double()).pow(2).sum(1)
-    return (inside / rows.pow(2).sum(1).clamp_min(1e-30)).float()
+    orthonormal columns), in float64."""
+    rows = W_dec.detach().double()
+    inside = (rows @ basis.to(rows.device, torch.float64)).pow(2).sum(1)
+    return (inside / rows.pow(2).sum(1).clamp_min(1e-30)).float().cpu()
 
 
 def digest(
@@ -51,21 +51,25 @@ def digest(
     device: str | torch.device = "cpu",
 ) -> DecoderDigest:
     """The digest of one decoder ([width, d]): its shares in span(basis) (none without
-    one) and its cosines against the reference decoder (none without one), the products
-    on device, ROWS rows at a time."""
-    shares = EMPTY if basis is None else decoder_shares(W_dec, basis)
-    if reference is None:
-        return DecoderDigest(shares)
-    unit, ref_unit = unit_rows(W_dec), unit_rows(reference).to(device)
-    best = torch.full((len(ref_unit),), -1.0, device=device)
-    nearest, nearest_cos = [], []
-    for start in range(0, len(unit), ROWS):
-        cos = unit[start : start + ROWS].to(device) @ ref_unit.T  # [rows, reference width]
-        best = torch.maximum(best, cos.max(0).values)
-        value, index = cos.max(1)
-        nearest.append(index.cpu())
-        nearest_cos.append(value.cpu())
-    return DecoderDigest(shares, torch.cat(nearest), torch.cat(nearest_cos), best.cpu())
+    one) and its cosines against the reference decoder (none without one), computed on
+    device ROWS rows at a time (no copy of the whole decoder)."""
+    ref_unit = None if reference is None else unit_rows(reference.to(device))
+    best = None if ref_unit is None else torch.full((len(ref_unit),), -1.0, device=device)
+    shares, nearest, nearest_cos = [], [], []
+    for start in range(0, len(W_dec), ROWS):
+        rows = W_dec[start : start + ROWS].detach().to(device)
+        if basis is not None:
+            shares.append(decoder_shares(rows, basis))
+        if ref_unit is not None:
+            cos = unit_rows(rows) @ ref_unit.T  # [rows, reference width]
+            best = torch.maximum(best, cos.max(0).values)
+            value, index = cos.max(1)
+            nearest.append(index.cpu())
+            nearest_cos.append(value.cpu())
+    found = torch.cat(shares) if shares else EMPTY
+    if ref_unit is None:
+        return DecoderDigest(found)
+    return DecoderDigest(found, torch.cat(nearest), torch.cat(nearest_cos), best.cpu())
 
 
 def digest_path(scores_path: Path) -> Path:
