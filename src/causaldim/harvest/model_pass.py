@@ -1,6 +1,8 @@
 """The model pass over one batch of sequences: residuals at the tapped blocks (train
-split, the forward stopped at the highest), or residuals with the loss gradient and the
-probe products (eval split, backward from the loss and the probes down to the lowest)."""
+split, the forward stopped at the highest), residuals with the loss gradient and the
+probe products (eval split, backward from the loss and the probes down to the lowest), or
+residuals with the logit probes' products alone (the headline pass: the forward stops at
+the output head's input and the backward starts there)."""
 
 from __future__ import annotations
 
@@ -30,9 +32,59 @@ def residuals_at(lm: LoadedModel, layers, ids: torch.Tensor) -> dict[int, torch.
     return captured
 
 
+class HeadProbes(NamedTuple):
+    """The logit probes drawn in the model's width. For v ~ N(0, I_V) over the vocabulary
+    and a linear head W [V, d], the centred part c = v - mean(v) reaches the head's input
+    as W^T c ~ N(0, W^T C W), C = I - 1 1^T / V, and the shift part mean(v) 1 as m W^T 1,
+    m ~ N(0, 1/V), independent of it: drawing those two from a d x d factor gives u = J^T c
+    and J^T (mean(v) 1) exactly in distribution, at d^2 a position instead of d V."""
+
+    factor: torch.Tensor  # [d, d], F F^T = W^T C W (float32, on the head's device)
+    ones: torch.Tensor  # [d], W^T 1
+    vocab: int
+
+    def draw(self, shape: torch.Size, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One probe at every position of shape [B, T]: (W^T c, W^T mean(v) 1), each
+        [B, T, d], drawn on the CPU (generator's device), so every device gets the same."""
+        cpu = generator.device if generator is not None else torch.device("cpu")
+        z = torch.randn(*shape, len(self.ones), generator=generator, device=cpu)
+        m = torch.randn(*shape, 1, generator=generator, device=cpu)
+        z, m = z.to(self.factor.device), m.to(self.factor.device) / self.vocab**0.5
+        return z @ self.factor.T, m * self.ones
+
+
+def head_probes(lm: LoadedModel, chunk: int = 16_384) -> HeadProbes | None:
+    """The probes drawn in the model's width, or None where the logits are not the linear
+    head's own output (Gemma 2's soft-capping, a scaled head: a map of the logits that
+    depends on the token), which keeps the probes over the vocabulary."""
+    if not _linear_head(lm):
+        return None
+    w = lm.model.get_output_embeddings().weight.detach()
+    d = w.shape[1]
+    gram = torch.zeros(d, d, dtype=torch.float64, device=w.device)
+    ones = torch.zeros(d, dtype=torch.float64, device=w.device)
+    for rows in w.split(chunk):  # no float64 copy of the whole head
+        rows = rows.double()
+        gram += rows.T @ rows
+        ones += rows.sum(0)
+    centred = gram - torch.outer(ones, ones) / len(w)
+    values, vectors = torch.linalg.eigh(centred)
+    factor = vectors * values.clamp_min(0).sqrt()
+    return HeadProbes(factor.float(), ones.float(), len(w))
+
+
+def _linear_head(lm: LoadedModel) -> bool:
+    """Whether the model's logits are its output head's own output, the head linear:
+    one token through the model."""
+    ids = torch.zeros(1, 1, dtype=torch.long, device=lm.device)
+    with torch.no_grad(), _head_io(lm) as head:
+        logits = lm.model(input_ids=ids, use_cache=False).logits
+    return head.get("output") is logits and isinstance(head.get("module"), nn.Linear)
+
+
 class Gradients(NamedTuple):
     h: torch.Tensor  # [B, T, d]
-    g: torch.Tensor  # [B, T, d], d(summed next-token loss)/dh
+    g: torch.Tensor | None  # [B, T, d], d(summed next-token loss)/dh; None: headline pass
     # v ~ N(0, I_vocab) at every position, split into v = c + s: c = v - mean(v) (sum-zero,
     # the part softmax can see) and s = mean(v) 1 (a shift of all logits, which it ignores)
     u_logits: torch.Tensor | None  # [B, T, K, d], J^T c: the gauge-invariant reading
@@ -42,6 +94,22 @@ class Gradients(NamedTuple):
     n_predictions: int
 
 
+def _pull_back(outputs: torch.Tensor, hs: list[torch.Tensor], grads: list[torch.Tensor]):
+    """[B, T, K, d] per block: each grad pulled back from outputs; None if none."""
+    per_probe = [torch.autograd.grad(outputs, hs, v, retain_graph=True) for v in grads]
+    if not per_probe:
+        return [None] * len(hs)
+    return [torch.stack(us, dim=2) for us in zip(*per_probe, strict=True)]
+
+
+def _probes_at_head(x: torch.Tensor, hs, probes: HeadProbes, k: int, generator):
+    """The logit probes' products pulled back from the head's input x: (centred, shift)."""
+    drawn = [probes.draw(x.shape[:-1], generator) for _ in range(k)]
+    centred = _pull_back(x, hs, [c.to(x.dtype) for c, _ in drawn])
+    shift = _pull_back(x, hs, [s.to(x.dtype) for _, s in drawn])
+    return centred, shift
+
+
 def grads_at(
     lm: LoadedModel,
     layers,
@@ -49,19 +117,23 @@ def grads_at(
     logit_probes: int = 0,
     fisher_probes: int = 0,
     generator: torch.Generator | None = None,
+    probes: HeadProbes | None = None,
 ) -> dict[int, Gradients]:
     """h and g = dLoss/dh at each of the blocks `layers`, Loss = next-token cross-entropy
     summed over all positions, from one forward: each backward runs down to the lowest
     block and yields every block's gradient on the way. Each probe adds one more backward
-    from the logits (the forward is shared; the probes are shared by all blocks): a
-    Gaussian probe costs two, one for its centred part and one for its shift part.
+    (the forward is shared; the probes are shared by all blocks): a Gaussian probe costs
+    two, one for its centred part and one for its shift part.
 
     Where the logits are the output head's own output (no soft-capping or scaling after
-    it), the loss, shift and Fisher backwards start below the head: their pull-backs
-    through it are sums of its rows (p W, W[y], 1^T W) that need one p W product a batch
-    instead of a [vocab x d] product a backward."""
+    it), every backward starts below the head: the loss's and the Fisher probe's
+    pull-backs through it are sums of its rows (p W, W[y]) that need one p W product a
+    batch, and the Gaussian probes are drawn in the model's width (HeadProbes: `probes`,
+    computed here if not given)."""
     blocks = _blocks(lm, layers)
     ids = ids.to(lm.device)
+    if probes is None and logit_probes:
+        probes = head_probes(lm)  # before the forward: it runs one token through the model
     with torch.enable_grad(), tap_blocks(blocks, "leaf") as captured, _head_io(lm) as head:
         logits = lm.model(input_ids=ids, use_cache=False).logits
         loss = F.cross_entropy(
@@ -69,36 +141,67 @@ def grads_at(
         )
         hs = [captured[i] for i in blocks]
         below_head = head.get("output") is logits and isinstance(head.get("module"), nn.Linear)
-
-        def pull_back(outputs: torch.Tensor, grads: list[torch.Tensor]) -> list:
-            """[B, T, K, d] per block: each grad pulled back from outputs; None if none."""
-            per_probe = [torch.autograd.grad(outputs, hs, v, retain_graph=True) for v in grads]
-            if not per_probe:
-                return [None] * len(hs)
-            return [torch.stack(us, dim=2) for us in zip(*per_probe, strict=True)]
-
-        centred, means = gaussian_probes(logits, logit_probes, generator)
-        draws = fisher_draws(logits, fisher_probes, generator)
         if below_head:
+            draws = fisher_draws(logits, fisher_probes, generator)
             x, w = head["input"], head["module"].weight.detach()
             pw = (logits.detach().float().softmax(-1) @ w.float()).to(x.dtype)  # [B, T, d]
             to_loss = pw - w[ids.roll(-1, dims=1)]
             to_loss[:, -1] = 0  # the last position predicts nothing
-            ones_w = w.sum(0)
-            gs = pull_back(x, [to_loss])
-            u_shift = pull_back(x, [m * ones_w for m in means])
-            u_fisher = pull_back(x, [w[y] - pw for y in draws])
+            gs = _pull_back(x, hs, [to_loss])
+            u_fisher = _pull_back(x, hs, [w[y] - pw for y in draws])
+            u_logits, u_shift = _probes_at_head(x, hs, probes, logit_probes, generator)
         else:
-            gs = pull_back(loss, [torch.ones_like(loss)])
-            u_shift = pull_back(logits, [m.expand_as(logits) for m in means])
+            centred, means = gaussian_probes(logits, logit_probes, generator)
+            draws = fisher_draws(logits, fisher_probes, generator)
+            gs = _pull_back(loss, hs, [torch.ones_like(loss)])
+            u_shift = _pull_back(logits, hs, [m.expand_as(logits) for m in means])
             p = logits.detach().float().softmax(-1)
-            u_fisher = pull_back(logits, [_fisher_probe(p, y).to(logits.dtype) for y in draws])
-        u_logits = pull_back(logits, centred)
+            fisher = [_fisher_probe(p, y).to(logits.dtype) for y in draws]
+            u_fisher = _pull_back(logits, hs, fisher)
+            u_logits = _pull_back(logits, hs, centred)
     gs = [g[:, :, 0] for g in gs]
     n_pred = ids[:, 1:].numel()
     return {
         i: Gradients(h.detach(), g, ul, us, uf, loss.item(), n_pred)
         for i, h, g, ul, us, uf in zip(blocks, hs, gs, u_logits, u_shift, u_fisher, strict=True)
+    }
+
+
+def headline_at(
+    lm: LoadedModel,
+    layers,
+    ids: torch.Tensor,
+    logit_probes: int,
+    probes: HeadProbes,
+    generator: torch.Generator | None = None,
+) -> dict[int, Gradients]:
+    """h and the logit probes' products (centred and shift parts) at each of the blocks
+    `layers`, with no head: the forward stops at the head's input, the probes are drawn
+    there (HeadProbes) and every backward starts there. No loss, gradient or Fisher
+    product (they need the logits): g and u_fisher are None, the loss 0."""
+    blocks = _blocks(lm, layers)
+    ids = ids.to(lm.device)
+    head = lm.model.get_output_embeddings()
+    seen: dict = {}
+
+    def stop(module, args):
+        seen["input"] = args[0]
+        raise StopForward
+
+    handle = head.register_forward_pre_hook(stop)
+    try:
+        with torch.enable_grad(), tap_blocks(blocks, "leaf") as captured:
+            try:
+                lm.model(input_ids=ids, use_cache=False)
+            except StopForward:
+                pass
+            hs = [captured[i] for i in blocks]
+            u_logits, u_shift = _probes_at_head(seen["input"], hs, probes, logit_probes, generator)
+    finally:
+        handle.remove()
+    return {
+        i: Gradients(h.detach(), None, ul, us, None, 0.0, 0)
+        for i, h, ul, us in zip(blocks, hs, u_logits, u_shift, strict=True)
     }
 
 
