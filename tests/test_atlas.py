@@ -10,6 +10,7 @@ import pytest
 from conftest import make_text
 
 from causaldim import cli
+from causaldim.config import HarvestConfig
 from causaldim.fileio import read_sealed_json
 
 
@@ -24,7 +25,7 @@ def atlas_run(tmp_path_factory, tiny_model):
     out = root / "atlas"
     args = ["--quiet", "atlas", "--models", tiny_model("llama"), tiny_model("gemma3")]
     args += ["--corpora", *corpora, "--seq-lens", "16", "--eval-tokens", "128"]
-    args += ["--profile-blocks", "4", "--out", str(out)]
+    args += ["--headline-tokens", "128", "--profile-blocks", "4", "--out", str(out)]
     assert cli.main(args) == 0
     return out, args
 
@@ -48,6 +49,12 @@ def test_every_cell_layer_rule_and_reading_is_a_row(atlas_run):
         cell = read_sealed_json(path, "cell")
         assert cell["planned"]["seconds"] > 0 and cell["planned"]["memory_bytes"] > 0
         assert cell["memory"]["peak"] >= cell["memory"]["in_use_before"] > 0
+        # the logits readings read the headline pass's tokens too; loss and Fisher do not
+        assert cell["eval_tokens"] == cell["headline_tokens"] == 128
+        kept = cell["layers"]["1"]["kept"]
+        probes = HarvestConfig().logit_probes
+        assert kept["logits"]["n_samples"] == 2 * 128 * probes
+        assert kept["fisher"]["n_samples"] == 128 * HarvestConfig().fisher_probes
     md = (out / "atlas.md").read_text()
     assert "causaldim atlas --models" in md and "## What moves kappa" in md
     assert "minutes: planned, measured" in md

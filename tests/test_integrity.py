@@ -14,7 +14,7 @@ from causaldim.faults import ENV, InjectedFault
 
 ARTIFACTS = {
     "store shard": "stores/*/train-00000.safetensors",
-    "store manifest": "stores/*/manifest.json",
+    "store manifest": "stores/L?-????????????/manifest.json",  # the run's, not its extension's
     "SAE weights": "saes/topk-w16/sae.safetensors",
     "SAE config": "saes/topk-w16/cfg.json",
 }

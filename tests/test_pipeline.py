@@ -169,7 +169,7 @@ def test_a_store_without_gradients_is_refused_for_scoring(finished_run, tmp_path
     out, args = finished_run
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
-    (manifest,) = copy.glob("stores/*/manifest.json")
+    (manifest,) = copy.glob("stores/L?-????????????/manifest.json")  # not the extension's
     m = json.loads(manifest.read_text())
     m["splits"]["eval"]["fields"] = [f for f in m["splits"]["eval"]["fields"] if f != "g"]
     write_sealed_json(manifest, m)  # a whole store, harvested without gradients
@@ -256,7 +256,9 @@ def test_depth_and_scale_measure_other_layers_and_a_second_model(tmp_path, tiny_
     depth, scale = results["controls"]["depth"], results["controls"]["scale"]
     # One pass wrote a store per layer; the headline layer's numbers are the headline's.
     assert depth["layers"] == [1, 2, 3]
-    assert sorted(p.name.split("-")[0] for p in (out / "stores").iterdir()) == ["L1", "L2", "L3"]
+    stores = sorted(p.name.rsplit("-", 1)[0] for p in (out / "stores").iterdir())
+    # each layer's store, and its eval split's --headline-tokens extension
+    assert stores == ["L1", "L1-headline", "L2", "L2-headline", "L3", "L3-headline"]
     row = {r["layer"]: r for r in depth["rows"]}
     assert row[2]["epsilon"] == results["sweep"]["topk"]["epsilon"]
     assert row[2]["erank"]["loss"] == results["sigma"]["loss"]["erank_corrected"]

@@ -22,7 +22,7 @@ def _stores(out):
 def rounds_run(tmp_path_factory, tiny_model, text_corpus):
     out = tmp_path_factory.mktemp("rounds") / "run"
     args = [*run_args(tiny_model("llama"), text_corpus, out), "--until-converged"]
-    args += ["--max-eval-tokens", "3072", "--target-width", "0.001"]
+    args += ["--max-eval-tokens", "3072", "--target-width", "0.001", "--headline-tokens", "1024"]
     assert cli.main(args) == 0
     return out, args, json.loads((out / "results.json").read_text())
 
@@ -31,10 +31,14 @@ def test_rounds_harvest_beyond_the_run_up_to_the_cap(rounds_run):
     out, _, results = rounds_run
     uc = results["until_converged"]
     tokens = [r["eval_tokens"] for r in uc["rounds"]]
-    assert tokens[0] == results["store"]["tokens"]["eval"] == 1024
+    # the first reading: the run's eval split and its --headline-tokens extension
+    assert results["store"]["tokens"]["eval"] == 1024
+    assert results["store"]["headline_extension"]["tokens"] == 1024
+    assert tokens[0] == 2048
     assert tokens == sorted(tokens) and tokens[-1] == 3072  # a 0.1% interval: never narrow
     assert uc["stopped"] == "cap"
-    assert len(_stores(out)) == len(tokens)  # the run's store and one per further round
+    # the run's store, its extension, and one per further round
+    assert len(_stores(out)) == 1 + len(tokens)
     # the direct Sigma read every round; the SAEs' eval is the run's own
     logits = results["sigma"]["logits"]
     assert logits["n_tokens"] > 2 * 1024  # outliers (position 0) left out of 3,072

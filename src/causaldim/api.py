@@ -72,11 +72,11 @@ class Results:
         if reading not in self.data["sigma"]:
             raise KeyError(f"no {reading!r} reading; this run has {', '.join(self.data['sigma'])}")
         e = self.data["sigma"][reading]
-        if e.get("erank_corrected") is None:  # activations: a plug-in, no interval
-            return Estimate(e["erank"], None, None, reading)
         needed = e.get("eval_tokens_needed")
         if below_floor(e):  # as the report: no value, the plug-in and the tokens that would do
             return Estimate(None, None, None, reading, False, needed, e["erank"])
+        if e.get("erank_corrected") is None:  # activations: a plug-in, no interval
+            return Estimate(e["erank"], None, None, reading)
         lo, hi = e.get("erank_corrected_95") or (None, None)
         return Estimate(e["erank_corrected"], lo, hi, reading, e.get("converged"), needed)
 

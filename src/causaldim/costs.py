@@ -20,6 +20,7 @@ import torch
 from .config import AnalysisConfig
 from .devices import describe, planned
 from .harvest import Plan
+from .harvest.plan import extension_sequences
 from .harvest.store import n_blocks
 from .measures import debias, profile
 from .measures.score import VV_GROUPS
@@ -279,6 +280,15 @@ def sigma_work(n_eval: int, d: int, probes: int, readings: int, b: debias.Budget
     return sums + plug_in + correction_work(n_eval, d, readings, b)
 
 
+def headline_sigma_work(n_head: int, d: int, probes: int, b: debias.Budget) -> Work:
+    """What the --headline-tokens extension adds to the two logits readings' sums and
+    simulated sampling (their eigendecompositions are counted with the eval split's)."""
+    if not n_head or not probes:
+        return Work()
+    sums = Work(model=2 * 2 * n_head * d * d * probes)
+    return sums + Work(model=2 * b.draws * 2 * n_head * d * d)
+
+
 def analysis_work(n_widths: int) -> Work:
     """kappa_SAE of each width: its point and each resample, a d x d eigendecomposition."""
     from .measures.attributed import RESAMPLES
@@ -394,14 +404,23 @@ def estimate(
     tapped = profile_taps(the_plan, analysis, profile_layers)
     blocks_above = sum(params["per_block"][lowest + 1 :])
     backward = sum(params["per_block"][min(lowest, *tapped) :]) if tapped else blocks_above
-    head_products = cfg.logit_probes + 1
+    # one p W product a batch (the Gaussian probes are drawn at the head's input)
+    head_products = 1
+    # the --headline-tokens extension: the forward to the head's input, the Gaussian
+    # probes' backwards from there (centred and shift parts), no head
+    n_head = extension_sequences(the_plan) * seq
+    blocks_to_head = up + params["above_layer"]
     work = {
         "harvest_train": Work(model=2 * up_train * n_train),
         "harvest_eval": Work(
             model=2 * (up + above) * n_eval
             + ((1 + probes) * backward + head_products * params["head"]) * 2 * n_eval
         ),
-        "sigma": sigma_work(n_eval, d, probes, direct, debias.FULL),
+        "harvest_headline": Work(
+            model=2 * (blocks_to_head + 2 * cfg.logit_probes * blocks_above) * n_head
+        ),
+        "sigma": sigma_work(n_eval, d, probes, direct, debias.FULL)
+        + headline_sigma_work(n_head, d, cfg.logit_probes, debias.FULL),
         # the sparse step (sae/sparse.py): the dense encoder product (2 d m a token) and
         # the selection among its m outputs; the rest touches only the kept entries.
         # About 4 d m a token, measured on the default sweep. Imported SAEs train nothing.
@@ -436,7 +455,7 @@ def estimate(
     if not the_plan.source.converted and the_plan.source.gguf_origin:
         seconds["convert_gguf_once"] = 45.0  # measured for SmolLM2-135M on 2 CPU cores
     return {
-        "tokens": {"train": n_train, "eval": n_eval},
+        "tokens": {"train": n_train, "eval": n_eval, "headline": n_head},
         "parameters": {k: v for k, v in params.items() if k != "per_block"},
         "saes": n_saes,
         "disk_bytes": disk_bytes(the_plan, sweep, analysis),

@@ -58,7 +58,9 @@ def print_plan(
             f"{CHARS_PER_TOKEN} a token); a run needs the hub or the model in the HF cache"
         )
     print(
-        f"tokens: {est['tokens']['train']:,} train, {est['tokens']['eval']:,} eval, in "
+        f"tokens: {est['tokens']['train']:,} train, {est['tokens']['eval']:,} eval "
+        f"(every reading, AtP and CE), {est['tokens']['headline']:,} more eval for the "
+        f"logits readings alone (--headline-tokens, a pass without the head), in "
         f"sequences of {cfg.seq_len}; probes: {cfg.logit_probes} logits, "
         f"{cfg.fisher_probes} fisher"
     )
@@ -122,12 +124,19 @@ def print_plan(
     if cfg.until_converged:
         pool = the_plan.splits.n_rest
         most = min(cfg.max_eval_tokens, (len(the_plan.splits.eval) + pool) * cfg.seq_len)
-        per_token = sec.get("harvest_eval", 0) / max(n_eval, 1)
+        n_head = est["tokens"]["headline"]
+        # rounds are harvested by the headline pass, like the --headline-tokens extension
+        per_token = (
+            sec["harvest_headline"] / n_head
+            if n_head
+            else sec.get("harvest_eval", 0) / max(n_eval, 1)
+        )
         print(
             f"until converged: eval rounds beyond --tokens, up to {most:,} eval tokens in all "
             f"(--max-eval-tokens {cfg.max_eval_tokens:,}; the corpus has "
             f"{pool * cfg.seq_len:,} more), at most about "
-            f"{(most - n_eval) * per_token / 60:,.0f} min more; how many the headline needs "
+            f"{max(0, most - n_eval - n_head) * per_token / 60:,.0f} min more; how many the "
+            "headline needs "
             "is known only from the run's own eval split"
         )
     if planned():

@@ -24,6 +24,7 @@ from .errors import UsageError
 from .executors import Executor, executor_for
 from .fileio import atomic_write_json, write_sealed_json
 from .harvest import HarvestResult, Plan, Store, harvest, plan
+from .harvest.plan import extension_sequences
 from .lock import held
 from .measures import profile
 from .measures.layer import Measurement, measure_layer
@@ -34,7 +35,7 @@ from .model.load import LoadedModel, load_model
 from .progress import bar as progress_bar
 from .report.render import render
 from .report.results import build_results
-from .rounds import until_converged
+from .rounds import headline_extension, until_converged
 from .sweep_config import SweepConfig
 from .threads import Threads
 from .threads import limited as limited_threads
@@ -73,6 +74,7 @@ def controls_stage(
     headline: str,
     progress: bool,
     seconds: dict,
+    eval_stores: dict[int, list[Store]],
 ) -> dict:
     if not plans.controls:
         return {}
@@ -89,6 +91,7 @@ def controls_stage(
         load_lm=harvested.load_lm,
         executor=executor,
         stores=harvested.result.stores,
+        eval_stores=eval_stores,
         plan=plans.main,
         side_plans=plans.side,
         progress=progress,
@@ -127,6 +130,7 @@ def _profile_accumulator(the_plan: Plan, cfg: AnalysisConfig) -> profile.Accumul
         profile.profile_readings(c.logit_probes, c.fisher_probes),
         cfg.include_outliers,
         c.device,
+        extension_sequences(the_plan),
     )
 
 
@@ -175,14 +179,29 @@ def _run(
     acc = _profile_accumulator(plans.main, analysis_cfg) if analysis_cfg.profile else None
     harvested = harvest_stage(plans.main, progress, seconds, acc)
     store = harvested.result.store
+    t = time.perf_counter()
+    extension = headline_extension(plans.main, harvested.result, harvested.load_lm, progress, acc)
+    seconds["headline"] = time.perf_counter() - t
+    # what each layer's logits readings read: its eval split and its extension
+    eval_stores = {
+        i: [s, *([extension[i]] if i in extension else [])]
+        for i, s in harvested.result.stores.items()
+    }
     rounds = None
     if cfg.until_converged:
         t = time.perf_counter()
         device = resolve_device(executor.device)
         rounds = until_converged(
-            plans.main, store, analysis_cfg, cfg.seed, device, harvested.load_lm, progress
+            plans.main,
+            eval_stores[plans.main.layer],
+            analysis_cfg,
+            cfg.seed,
+            device,
+            harvested.load_lm,
+            progress,
         )
         seconds["until_converged"] = time.perf_counter() - t
+        eval_stores[plans.main.layer] = rounds.stores
     here = measure_layer(
         store,
         out,
@@ -195,7 +214,7 @@ def _run(
         cfg.repair,
         executor,
         imports=plans.imports,
-        eval_stores=rounds.stores if rounds else None,
+        eval_stores=eval_stores[plans.main.layer],
         both_ways=True,
     )
     headline = here.entries[0].architecture if sweep_cfg.sae_paths else sweep_cfg.architectures[0]
@@ -210,7 +229,7 @@ def _run(
         profiled = profile.profile_results(found, acc, plans.main.layer)
         seconds["profile"] = time.perf_counter() - t
     found = controls_stage(
-        plans, harvested, here, analysis_cfg, executor, headline, progress, seconds
+        plans, harvested, here, analysis_cfg, executor, headline, progress, seconds, eval_stores
     )
     results = build_results(
         preset=preset,
@@ -230,6 +249,7 @@ def _run(
         threads=used,
         notes=plans.notes,
         rounds=rounds,
+        extension=extension.get(plans.main.layer),
     )
     path = out / "results.json"
     # Figures first; then results.json with the final timings, which the text report shows.

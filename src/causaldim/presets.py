@@ -27,6 +27,7 @@ PRESETS: dict[str, dict] = {
     "smoke": {
         "tokens": 4096,
         "eval_fraction": 0.25,
+        "headline_tokens": 3072,  # the headline read on 4,096 eval tokens
         "seq_len": 64,
         "widths": [64, 128, 256, 512, 1024],
         "k": 8,
@@ -234,6 +235,11 @@ READ_ONLY_WHEN = {
     ),
     "max_eval_tokens": lambda h, s, a, own: (
         None if h.until_converged else "only --until-converged reads it; add --until-converged"
+    ),
+    "headline_tokens": lambda h, s, a, own: (
+        None
+        if h.logit_probes
+        else "only the logits readings read it, and --logit-probes 0 asks for none"
     ),
     "profile_blocks": lambda h, s, a, own: (
         None if a.profile else "only the all-layer profile reads it; add --profile"

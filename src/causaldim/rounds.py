@@ -1,12 +1,15 @@
-"""`--until-converged`: further eval sequences in rounds until the headline direct kappa
+"""Eval sequences beyond the run's own, for the headline alone: the --headline-tokens
+extension, then the rounds of `--until-converged` until the headline direct kappa
 converges (and, with --target-width, its interval is that narrow), or a cap is reached.
 
-Each round harvests the next sequences of the corpus beyond --tokens (in the split's
-seeded order) into a store of its own, eval split only, its probes drawn as they would be
-at that place of one long eval split; the direct Sigma then reads the run's eval split and
-every round as one. A round already harvested (same key) is reused, so an interrupted run
-resumes where it stopped. Only the direct Sigma reads the rounds: the SAE sweep, AtP and
-CE loss recovered keep the run's own eval split.
+Each harvests the next sequences of the corpus beyond --tokens (in the split's seeded
+order) into a store of its own, eval split only, by the headline pass (h and the logit
+probes' products: no head, no loss gradient, no Fisher probe), its probes drawn as they
+would be at that place of one long eval split; the logits readings then read the run's
+eval split and every extension as one. One already harvested (same key) is reused, so an
+interrupted run resumes where it stopped. Only the logits readings (and the activations')
+read them: the loss and Fisher readings, the SAE sweep, AtP and CE loss recovered keep
+the run's own eval split.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from typing import NamedTuple
 
 from .config import AnalysisConfig
 from .harvest import Plan, Store, harvest
-from .harvest.store import key_digest
+from .harvest.plan import extension_sequences
+from .harvest.store import MANIFEST, key_digest
+from .harvest.write import EvalObserver, HarvestResult
 from .measures.sigma import HEADLINE, SigmaEstimate, measure
 from .model.corpus import Splits
 
@@ -65,36 +70,78 @@ def _wanted(est: SigmaEstimate, tokens: int, target: float | None) -> int:
     return math.ceil(MARGIN * want)
 
 
-def round_plan(the_plan: Plan, start: int, stop: int) -> Plan:
-    """The plan of the round of pooled eval sequences [start, stop) beyond the run's."""
+def round_plan(the_plan: Plan, start: int, stop: int, layers: tuple[int, ...] = ()) -> Plan:
+    """The plan of the pooled eval sequences [start, stop) beyond the run's, harvested by
+    the headline pass at `layers` (default: the headline layer alone)."""
     layer = the_plan.layer
-    none = the_plan.splits.train[:0]  # no train split: a round is eval only
+    layers = layers or (layer,)
+    none = the_plan.splits.train[:0]  # no train split: eval only
     splits = Splits(none, the_plan.splits.rest(start, stop), 0)
-    key = {**the_plan.key, "eval_round": [start, stop]}
-    folder = the_plan.store_dir.parent / f"L{layer}-{key_digest(key)[:12]}"
+    keys = {
+        i: {**the_plan.keys[i], "eval_round": [start, stop], "pass": "headline"} for i in layers
+    }
+    folder = the_plan.store_dir.parent
+    dirs = {i: folder / f"L{i}-headline-{key_digest(keys[i])[:12]}" for i in layers}
     return the_plan._replace(
-        splits=splits, key=key, store_dir=folder, keys={layer: key}, store_dirs={layer: folder}
+        splits=splits, key=keys[layer], store_dir=dirs[layer], keys=keys, store_dirs=dirs
     )
+
+
+def headline_extension(
+    the_plan: Plan,
+    harvested: HarvestResult,
+    load_lm,
+    progress: bool,
+    observer: EvalObserver | None = None,
+) -> dict[int, Store]:
+    """The --headline-tokens extension of every harvested layer's eval split (the first
+    pooled sequences), by the headline pass; {} where none is asked or the corpus has no
+    more. The run's outlier rule, calibrated once, applies to it. The observer (the
+    profile's sums) is handed its rows at every layer, as the eval pass's."""
+    n = extension_sequences(the_plan)
+    if n == 0:
+        return {}
+    stores = harvested.stores
+    p = round_plan(the_plan, 0, n, tuple(sorted(stores)))
+    reused = all((folder / MANIFEST).is_file() for folder in p.store_dirs.values())
+    median_norms = {
+        **(harvested.median_norms or {}),  # the observer's layers, where the pass ran
+        **{i: s.manifest["outliers"]["median_norm"] for i, s in stores.items()},
+    }
+    result = harvest(
+        the_plan.config,
+        progress,
+        p,
+        observer=observer,
+        eval_round=len(the_plan.splits.eval),
+        lm=None if reused and observer is None else load_lm(),
+        median_norms=median_norms,
+    )
+    return result.stores
 
 
 def until_converged(
     the_plan: Plan,
-    store: Store,
+    stores: list[Store],
     cfg: AnalysisConfig,
     seed: int,
     device,
     load_lm,
     progress: bool,
 ) -> Rounds:
-    """Rounds until the headline converges, the cap, or the corpus's end."""
+    """Rounds until the headline converges, the cap, or the corpus's end; `stores`: the
+    run's store and its --headline-tokens extension, if any."""
     hcfg = the_plan.config
     seq_len = hcfg.seq_len
+    store = stores[0]
+    extended = extension_sequences(the_plan) if len(stores) > 1 else 0
     n_run = len(the_plan.splits.eval)
     pool = the_plan.splits.n_rest
     # the run's outlier rule, calibrated once: every round leaves out what the run does
     median_norms = {the_plan.layer: store.manifest["outliers"]["median_norm"]}
-    cap = max(n_run, min(hcfg.max_eval_tokens // seq_len, n_run + pool))
-    stores, rounds, done = [store], [], 0  # done: pooled sequences harvested in rounds
+    cap = max(n_run + extended, min(hcfg.max_eval_tokens // seq_len, n_run + pool))
+    # done: pooled sequences harvested beyond the run's, the extension's included
+    stores, rounds, done = list(stores), [], extended
     batch = hcfg.batch_size or 1
     while True:
         t = time.perf_counter()
@@ -120,7 +167,7 @@ def until_converged(
         more = max(batch, wanted - n_run - done)
         more = min(more, cap - n_run - done)
         if progress:
-            rate = store.manifest["splits"]["eval"].get("tokens_per_second")
+            rate = stores[-1].manifest["splits"]["eval"].get("tokens_per_second")
             eta = (
                 f", about {more * seq_len / rate / 60:,.0f} min at {rate:,.0f} tok/s"
                 if rate

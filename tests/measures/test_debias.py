@@ -197,7 +197,30 @@ def test_rounding_does_not_move_the_numbers():
     sums = bench.block_sums(u, 16)
     bumped = sums.xx.double() * (1 + 1e-15 * torch.randn(sums.xx.shape, dtype=torch.float64))
     bumped = (bumped + bumped.transpose(-1, -2)) / 2
-    a, b = (debias.correct(x, sums.n, sums.samples(), 0) for x in (sums.xx.double(), bumped))
+    a, b = (
+        debias.correct(x, sums.n, sums.samples(), 0, floor=0.0)  # below the report's floor
+        for x in (sums.xx.double(), bumped)
+    )
     assert a.half is not None and a.interval is not None
     for x, y in ((a.erank, b.erank), (a.half, b.half), *zip(a.interval, b.interval, strict=True)):
         assert x == pytest.approx(y, rel=1e-6)  # float32: 8e-4 apart on the half
+
+
+def test_below_the_report_floor_only_the_count_is_computed():
+    """Fewer than REPORT_FLOOR independent equivalents per dimension: no corrected value
+    (the report prints n/a there), but the count and the sequences that would do are the
+    ones the whole correction gives."""
+    d = 192
+    u = bench.stress_samples(
+        bench.power_law(d, 0.8), "elliptical", 0.5, 2, torch.Generator().manual_seed(4)
+    )
+    sums = bench.block_sums(u, 16)
+    skipped = debias.correct(sums.xx, sums.n, sums.samples(), 0)
+    whole = debias.correct(sums.xx, sums.n, sums.samples(), 0, floor=0.0)
+    assert skipped.n_independent < debias.REPORT_FLOOR * d
+    assert skipped.erank is None and skipped.interval is None and not skipped.converged
+    assert whole.erank is not None and whole.interval is not None
+    assert skipped.n_independent == whole.n_independent
+    assert skipped.sequences_needed == whole.sequences_needed > 0
+    est = estimate("loss", sums, AnalysisConfig(), 0)
+    assert est.erank_corrected is None and est.eval_tokens_needed > 0 and est.erank > 0

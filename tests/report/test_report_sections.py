@@ -497,7 +497,7 @@ def test_headline_quotes_the_fits_the_direct_estimates_and_the_wedge():
     assert (
         "- Direct kappa = erank(E[J^T (I - 11^T/V) J]) (the logits reading, each probe "
         "centred over the vocabulary; J pulled back through every later position, as AtP's "
-        "gradient is): 258 [242, 275], 0.45 d, corrected for finite samples (95%: sequences, "
+        "gradient is), from 8,192 eval tokens: 258 [242, 275], 0.45 d, corrected for finite samples (95%: sequences, "
         "simulation and remaining drift); converged, 1,638 independent equivalents (2.8 per "
         "dimension; n_eff 2,048); participation ratio 94.7 [87, 103]."
     ) in md
@@ -506,10 +506,13 @@ def test_headline_quotes_the_fits_the_direct_estimates_and_the_wedge():
         "its trace lies along the shift of all logits"
     ) in md
     assert (
-        "- Beside it, the loss reading, erank(E[g g^T]), g = dLoss/dh: 136 [121, 145], "
-        "participation ratio 54.7."
+        "- Beside it, the loss reading, erank(E[g g^T]), g = dLoss/dh, from 8,192 eval tokens: "
+        "136 [121, 145], participation ratio 54.7."
     ) in md
-    assert "- Beside it, the fisher reading, erank(E[J^T (diag p - p p^T) J]): 232 [219, 253]" in md
+    assert (
+        "- Beside it, the fisher reading, erank(E[J^T (diag p - p p^T) J]), from 8,192 eval "
+        "tokens: 232 [219, 253]"
+    ) in md
     assert (
         "- Plug-in eranks (biased low by finite samples): loss 123, logits 234, "
         "logits_uncentred 134, fisher 211."
@@ -716,7 +719,8 @@ def test_missing_values_render_as_na():
     # without logit probes there is no direct kappa: fisher stands beside, by name
     assert "- Direct kappa: not measured (the run had no logit probes)." in md
     assert (
-        "- Beside it, the fisher reading, erank(E[J^T (diag p - p p^T) J]): 232 [n/a], "
+        "- Beside it, the fisher reading, erank(E[J^T (diag p - p p^T) J]), from 8,192 eval "
+        "tokens: 232 [n/a], "
         "participation ratio 79.9."
     ) in md
     (wedge,) = lines_with(md, "The wedge over x4")
@@ -748,16 +752,17 @@ def test_direct_sigma_tabulates_every_reading_with_its_warning():
     assert "## Direct Sigma" in md
     assert (
         "| reading | erank of | erank (corrected) [95%] | /d | PR (U-stat.) | 95% CI | "
-        "erank (plug-in) | independent | samples | warning |"
+        "erank (plug-in) | independent | tokens | samples | warning |"
     ) in md
     assert (
         "| loss | erank(E[g g^T]), g = dLoss/dh | 136 [121, 145] | 0.236 | 54.7 | [50, 59] | "
-        "123.4 | 1,638 | 8,192 |  |"
+        "123.4 | 1,638 | 8,192 | 8,192 |  |"
     ) in md
     assert "| fisher | erank(E[J^T (diag p - p p^T) J]) | 232 [219, 253] |" in md
     assert "| not converged: erank changed |" in md
     assert (
-        "| activations | erank(Cov[h]) | n/a | n/a | n/a | [n/a] | 301.2 | n/a | 8,192 |  |"
+        "| activations | erank(Cov[h]) | n/a | n/a | n/a | [n/a] | 301.2 | n/a | 8,192 | 8,192 "
+        "|  |"
     ) in md
     assert "50.0% of the uncentred reading's trace lies along the shift of all logits" in md
     assert md.index("| loss |") < md.index("| logits |") < md.index("| activations |")
@@ -800,11 +805,11 @@ def test_sigma_table_lists_every_reading_and_its_warning():
     table = sigma_table(make_results()).splitlines()
     assert table[0].split() == [
         *("reading", "erank", "95%", "interval", "/d", "PR"),
-        *("plug-in", "indep./d", "converged"),
+        *("plug-in", "indep./d", "converged", "tokens"),
     ]
     assert table[1].split() == [
         *("loss", "136", "[", "121.2,", "145.0]", "0.236", "54.7"),
-        *("123.4", "2.8", "yes"),
+        *("123.4", "2.8", "yes", "8,192"),
     ]
     assert table[3].startswith("logits_uncentred ")
     assert table[4].startswith("fisher ")
@@ -825,7 +830,8 @@ def test_a_headline_that_has_not_converged_says_so_everywhere():
     assert md.count(flag) >= 3
     assert "NOT converged" in md
     table = sigma_table(results)
-    assert [line.split()[-1] for line in table.splitlines() if line.startswith("logits ")] == ["NO"]
+    logits = [line.split() for line in table.splitlines() if line.startswith("logits ")]
+    assert [row[-2] for row in logits] == ["NO"]
 
 
 def test_sigma_table_writes_a_missing_interval_as_na():

@@ -75,6 +75,9 @@ class Context:
     plan: Plan
     side_plans: dict[str, Plan | None]
     progress: bool = False  # bars for the control's own long loops
+    # each layer's eval split with its --headline-tokens extension (what its logits
+    # readings read); a layer absent reads its store alone
+    eval_stores: dict[int, list[Store]] = field(default_factory=dict)
     # what measure_other measured, by (store, folder): the architectures and four-cell
     # controls share OUT/architectures, measured (Sigma, scores, analysis) once
     measured: dict = field(default_factory=dict, repr=False)
@@ -139,6 +142,9 @@ class Context:
             progress=self.progress,
             seconds={},
             executor=self.executor,
+            eval_stores=self.eval_stores.get(store.manifest["layer"])
+            if store in self.stores.values()
+            else None,
         )
         return self.measured[key]
 

@@ -96,7 +96,8 @@ def plan(
             cfg.corpus,
             tokenizer,
             cfg.seq_len,
-            cfg.tokens,
+            # the --headline-tokens extension's sequences come after --tokens
+            cfg.tokens + (cfg.headline_tokens if cfg.logit_probes else 0),
             text_field=cfg.text_field,
             hub_config=cfg.corpus_config,
             hub_split=cfg.corpus_split,
@@ -144,6 +145,15 @@ def plan(
         dirs,
         pass_memory,
     )
+
+
+def extension_sequences(the_plan: Plan) -> int:
+    """The sequences beyond --tokens that --headline-tokens asks for (the headline pass's),
+    as many as the corpus has; none without logit probes (nothing to measure on them)."""
+    cfg = the_plan.config
+    if not cfg.logit_probes:
+        return 0
+    return min(cfg.headline_tokens // cfg.seq_len, the_plan.splits.n_rest)
 
 
 CHARS_PER_TOKEN = 4  # English text under the BPE tokenizers of today's LMs, roughly

@@ -19,7 +19,7 @@ from ..faults import fault_point
 from ..fileio import write_sealed_json
 from ..model.load import LoadedModel, load_model
 from ..progress import bar as progress_bar
-from .model_pass import grads_at, residuals_at
+from .model_pass import HeadProbes, grads_at, head_probes, headline_at, residuals_at
 from .plan import Plan, plan
 from .store import FORMAT, MANIFEST, ShardWriter, Store, UnfinishedStore
 
@@ -29,6 +29,8 @@ class HarvestResult(NamedTuple):
     reused: bool
     lm: LoadedModel | None = None  # the loaded model, when the pass ran (for reuse)
     stores: dict[int, Store] | None = None  # every planned layer's, the headline's included
+    # each tapped layer's median residual norm (the outlier rule), when the pass ran
+    median_norms: dict[int, float] | None = None
 
 
 class EvalObserver(Protocol):
@@ -143,6 +145,7 @@ def harvest(
         calib = residuals_at(lm, tapped, p.splits.train[: max(cfg.batch_size, 16)])
         median_norm = {i: float(calib[i].float()[:, 1:].norm(dim=-1).median()) for i in tapped}
     thresholds = {i: cfg.outlier_factor * median_norm[i] for i in tapped}
+    probes = head_probes(lm) if cfg.logit_probes else None  # once: a d x d factor
     outputs = {
         i: _LayerOutput(p.store_dirs[i], thresholds[i], median_norm[i], p.source.d_model)
         for i in missing
@@ -154,20 +157,34 @@ def harvest(
         t = time.perf_counter()
         watcher = observer if name == "eval" else None
         offset = eval_round or 0
-        _harvest_split(lm, p, name, seqs, outputs, thresholds, watcher, progress, offset)
+        _harvest_split(lm, p, name, seqs, outputs, thresholds, watcher, progress, offset, probes)
         seconds[name] = time.perf_counter() - t
         for out in outputs.values():
             out.splits[name]["tokens_per_second"] = out.splits[name]["n_tokens"] / seconds[name]
 
     for i, out in outputs.items():
-        manifest = _manifest(p, i, out, seconds, shared_with=missing)
+        manifest = _manifest(p, i, out, seconds, missing, probes is not None)
         write_sealed_json(out.root / MANIFEST, manifest)
         stores[i] = Store(out.root)
-    return HarvestResult(stores.get(p.layer), p.layer not in missing, lm=lm, stores=stores)
+    return HarvestResult(stores.get(p.layer), p.layer not in missing, lm, stores, median_norm)
 
 
-def _manifest(p: Plan, layer: int, out: _LayerOutput, seconds: dict, shared_with) -> dict:
+def headline_only(p: Plan) -> bool:
+    """Whether the plan's eval split is harvested by the headline pass (logit probes only,
+    no head): the eval sequences beyond the run's own that only the headline reads."""
+    return p.key.get("pass") == "headline"
+
+
+def _manifest(
+    p: Plan, layer: int, out: _LayerOutput, seconds: dict, shared_with, in_width: bool
+) -> dict:
     cfg = p.config
+    drawn = (
+        "drawn in the model's width, as N(0, W^T C W) and m W^T 1 at the head's input "
+        "(exactly the distribution of the vocabulary probes' products)"
+        if in_width
+        else "drawn over the vocabulary (the logits are not the linear head's own output)"
+    )
     return {
         "format": FORMAT,
         "key": p.keys[layer],
@@ -188,7 +205,10 @@ def _manifest(p: Plan, layer: int, out: _LayerOutput, seconds: dict, shared_with
             "u_shift": "the same probes' shift parts: u = J^T (mean(v) 1); u_logits + "
             "u_shift = J^T v",
             "u_fisher": f"{cfg.fisher_probes} probe(s) v = onehot(y) - p, y ~ softmax; u = J^T v",
+            "drawn": drawn,
         },
+        # "headline": the head-free pass (h and the logit probes' products alone)
+        "pass": "headline" if headline_only(p) else "full",
         "corpus": {**p.corpus.describe(), "sequences_available": p.splits.n_available},
         "seq_len": cfg.seq_len,
         "dtype": cfg.dtype,
@@ -222,8 +242,10 @@ def _harvest_split(
     observer: EvalObserver | None,
     progress,
     offset: int = 0,
+    probes: HeadProbes | None = None,
 ) -> None:
     cfg = p.config
+    headline = headline_only(p)
     writers = {
         i: ShardWriter(out.root, name, cfg.store_dtype, cfg.shard_tokens)
         for i, out in outputs.items()
@@ -238,7 +260,15 @@ def _harvest_split(
         if name == "eval":
             # One generator per batch, so that probes do not depend on batching history.
             gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + offset + start)
-            grads = grads_at(lm, tapped, ids, cfg.logit_probes, cfg.fisher_probes, gen)
+            if headline and probes is not None:
+                grads = headline_at(lm, tapped, ids, cfg.logit_probes, probes, gen)
+            elif headline:  # a head that is not linear: the full pass, its logit products kept
+                grads = {
+                    i: out._replace(g=None)
+                    for i, out in grads_at(lm, tapped, ids, cfg.logit_probes, 0, gen).items()
+                }
+            else:
+                grads = grads_at(lm, tapped, ids, cfg.logit_probes, cfg.fisher_probes, gen, probes)
             for i, out in grads.items():
                 cols = {
                     "g": out.g,
@@ -247,8 +277,9 @@ def _harvest_split(
                     "u_fisher": out.u_fisher,
                 }
                 per_layer[i] = (out.h, {k: v for k, v in cols.items() if v is not None})
-            first = next(iter(grads.values()))
-            loss_sum, n_pred = loss_sum + first.loss_sum, n_pred + first.n_predictions
+            if not headline:
+                first = next(iter(grads.values()))
+                loss_sum, n_pred = loss_sum + first.loss_sum, n_pred + first.n_predictions
         else:
             per_layer = {i: (h, {}) for i, h in residuals_at(lm, tapped, ids).items()}
         b, t = ids.shape
@@ -266,7 +297,9 @@ def _harvest_split(
             rows["outlier"] = (pos == 0) | (rows["h"].float().norm(dim=-1).cpu() > thresholds[i])
             if observer is not None and i in observer.layers:
                 device = rows["h"].device
-                observer.add(i, {k: v.to(device) for k, v in rows.items()})
+                seen = {k: v.to(device) for k, v in rows.items()}
+                seen["seq"] = seen["seq"] + offset  # numbered on from the run's eval split
+                observer.add(i, seen)
             if i in outputs:
                 rows = {k: v.cpu() for k, v in rows.items()}
                 outputs[i].stats.add(rows["h"].float(), rows["outlier"])
@@ -284,7 +317,7 @@ def _harvest_split(
             "fields": writer.fields,
             "shards": writer.shards,
         }
-        if name == "eval":
+        if name == "eval" and n_pred:
             info["mean_loss"] = loss_sum / n_pred
         outputs[i].splits[name] = info
 

@@ -61,6 +61,10 @@ from . import sampling
 # largest norms), the corrected erank read +3% to +5% high at 4 to 7.5 per dimension and
 # within 2% from 8 on (benchmarks/debias.py, 'norm-coupled'; 100-200 trials a cell).
 MIN_INDEPENDENT_PER_DIM = 8.0
+# Below this many independent equivalents per dimension no corrected erank is computed:
+# the correction would move it by half or more (0.2 per dimension turned a plug-in 223
+# into 463 [416, 509]), and the report prints n/a there.
+REPORT_FLOOR = 1.0
 TOLERANCE = 1e-5  # the deconvolution stops when erank moves less than this, relatively
 FLOOR = 1e-12  # relative: eigenvalues below this share of the trace are treated as 0
 
@@ -97,7 +101,7 @@ class Samples(NamedTuple):
 
 
 class Correction(NamedTuple):
-    erank: float
+    erank: float | None  # None below REPORT_FLOOR: not computed (nor what hangs on it)
     interval: list[float] | None  # 95%, see the module's docstring
     half: float | None  # the same estimator on the first half of the blocks
     eigenvalues: list[float]  # the deconvolved spectrum, unit trace, descending
@@ -107,7 +111,7 @@ class Correction(NamedTuple):
     correlation: list[float]  # rho_k along sequences (sampling.LagStats), while >= 0.01
     converged: bool
     sequences_needed: int | None  # for MIN_INDEPENDENT_PER_DIM, where not converged
-    participation_ratio: float
+    participation_ratio: float | None
     participation_ratio_95: list[float] | None
 
 
@@ -197,15 +201,24 @@ def correct(
     samples: Samples,
     seed: int,
     budget: Budget = FULL,
+    floor: float = REPORT_FLOOR,
 ) -> Correction:
     """The corrected erank, its interval and convergence, and the unbiased PR, from one
-    reading's per-block sums of u u^T [blocks, d, d] and sample counts [blocks]."""
+    reading's per-block sums of u u^T [blocks, d, d] and sample counts [blocks]; below
+    `floor` independent equivalents per dimension, only the cheap part (how many, and how
+    many sequences would do): no value is given there."""
     blocks, d = block_sums.shape[0], block_sums.shape[-1]
     device = block_sums.device
     sums = block_sums.double()
     rho = samples.lags.correlation()
     kept = int((rho >= 0.01).sum())  # what results.json shows of it
     n_indep = sampling.independent_equivalents(samples.weights, rho)
+    scale = MIN_INDEPENDENT_PER_DIM * d / max(n_indep, 1e-9)
+    needed = None if scale <= 1 else math.ceil(samples.n_sequences * scale)
+    if n_indep < floor * d:  # too few to give a value: the cheap part alone
+        return Correction(
+            None, None, None, [], None, 0.0, n_indep, rho[:kept].tolist(), False, needed, None, None
+        )
     flat = sums.reshape(blocks, -1)
     gram, traces = (flat @ flat.T).cpu(), sums.diagonal(dim1=1, dim2=2).sum(-1).cpu()
     ones = torch.ones(blocks, dtype=torch.float64, device="cpu")
@@ -268,10 +281,6 @@ def correct(
             pr_95 = [min(pr_95[0], interval[1]), min(pr_95[1], interval[1])]
 
     converged = n_indep >= MIN_INDEPENDENT_PER_DIM * d
-    needed = None
-    if not converged:
-        scale = MIN_INDEPENDENT_PER_DIM * d / max(n_indep, 1e-9)
-        needed = math.ceil(samples.n_sequences * scale)
     return Correction(
         point,
         interval,

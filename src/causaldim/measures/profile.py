@@ -83,7 +83,10 @@ def check_memory(
 
 class Accumulator:
     """Block sums of every reading at every layer, filled from the eval pass's rows (an
-    EvalObserver of harvest/write.py)."""
+    EvalObserver of harvest/write.py). The logits readings and the activations' also read
+    the --headline-tokens extension (`extra` sequences after the eval split's, numbered
+    on from it), as the run's layer does; the loss and Fisher readings read the eval split
+    alone."""
 
     def __init__(
         self,
@@ -95,14 +98,19 @@ class Accumulator:
         readings: tuple[str, ...],
         include_outliers: bool = False,
         device="cpu",
+        extra: int = 0,
     ):
         self.layers = tuple(sorted(layers))
-        self.n_sequences, self.seq_len = n_sequences, seq_len
-        self.blocks = n_blocks(n_sequences, blocks)
+        self.seq_len = seq_len
         self.include_outliers = include_outliers
+        # sequences each reading reads: the extension holds no loss gradient or Fisher probe
+        self.n_sequences = {
+            r: n_sequences + (0 if r in ("loss", "fisher") else extra) for r in readings
+        }
+        self.blocks = {r: n_blocks(n, blocks) for r, n in self.n_sequences.items()}
         self.sums = {
             i: {
-                r: BlockSums(d, self.blocks, r == "activations", device, SUM_DTYPE, seq_len)
+                r: BlockSums(d, self.blocks[r], r == "activations", device, SUM_DTYPE, seq_len)
                 for r in readings
             }
             for i in self.layers
@@ -112,8 +120,12 @@ class Accumulator:
         if not self.include_outliers:
             keep = ~rows["outlier"]
             rows = {k: v[keep] for k, v in rows.items()}
-        blocks = block_of(rows["seq"], self.blocks, self.n_sequences)
-        add_rows(self.sums[layer], rows, blocks, self.seq_len)
+        sums = self.sums[layer]
+        given = [r for r in sums if all(f in rows for f in READINGS[r])]
+        for n in {self.n_sequences[r] for r in given}:
+            group = {r: sums[r] for r in given if self.n_sequences[r] == n}
+            blocks = block_of(rows["seq"], self.blocks[next(iter(group))], n)
+            add_rows(group, rows, blocks, self.seq_len)
 
 
 def estimates(
@@ -125,12 +137,13 @@ def estimates(
 ) -> dict[int, dict[str, SigmaEstimate]]:
     """Each layer's estimates, as sigma.measure makes them (the seeds alike) with the
     profile's blocks and debias.LIGHT; each layer's sums freed once used."""
-    light = replace(cfg, blocks=acc.blocks)
     out = {}
     for layer in bar(acc.layers, desc="profile", unit="layer", enabled=progress):
         sums = acc.sums.pop(layer)
         found = {
-            r: estimate(r, s, light, seed + k, probes.get(r, 1), debias.LIGHT)
+            r: estimate(
+                r, s, replace(cfg, blocks=acc.blocks[r]), seed + k, probes.get(r, 1), debias.LIGHT
+            )
             for k, (r, s) in enumerate(sums.items())
         }
         out[layer] = with_common_mode(found, sums)
@@ -149,6 +162,6 @@ def profile_results(
     return {
         "layers": layers,
         "run_layer": layer,
-        "blocks": acc.blocks,
+        "blocks": max(acc.blocks.values()),
         "correction": debias.LIGHT._asdict(),
     }

@@ -208,11 +208,25 @@ def accumulate(
     include_outliers: bool | None = None,
 ):
     """One pass over the eval split; returns {reading: BlockSums} (summed on device). A
-    list of stores (the run's and its --until-converged rounds) is read as one eval split
-    of all their sequences, in order, cut into the same number of blocks."""
+    list of stores (the run's, its --headline-tokens extension and its --until-converged
+    rounds) is read as one eval split of all their sequences, in order, cut into the same
+    number of blocks; each reading reads the stores that hold its fields (the extension
+    and the rounds hold the logits readings' and the activations', not the loss's or the
+    Fisher probe's)."""
     stores = store if isinstance(store, list) else [store]
+    readings = readings or tuple(available(stores[0]))
+    sums = {}
+    by_parts: dict[tuple[int, ...], list[str]] = {}
+    for r in readings:
+        parts = tuple(i for i, s in enumerate(stores) if r in available(s))
+        by_parts.setdefault(parts, []).append(r)
+    for parts, group in by_parts.items():
+        sums.update(_accumulate([stores[i] for i in parts], cfg, group, device, include_outliers))
+    return {r: sums[r] for r in readings}
+
+
+def _accumulate(stores: list[Store], cfg, readings, device, include_outliers) -> dict:
     first = stores[0]
-    readings = readings or tuple(available(first))
     d, seq_len = first.d_model, first.manifest["seq_len"]
     sizes = [s.manifest["splits"]["eval"]["n_sequences"] for s in stores]
     n_sequences = sum(sizes)
@@ -282,9 +296,11 @@ def estimate(
     seed: int = 0,
     probes_per_token: int = 1,
     budget: debias.Budget = debias.FULL,
+    floor: float = debias.REPORT_FLOOR,
 ) -> SigmaEstimate:
     """Eigenvalues and erank of the plug-in, and the finite-sample correction within
-    `budget`: the corrected erank with its interval, whether it converged, the PR."""
+    `budget`: the corrected erank with its interval, whether it converged, the PR (none
+    below `floor` independent equivalents per dimension, where the report gives none)."""
     d = sums.xx.shape[-1]
     n_samples = int(sums.n.sum())
     values, vectors = torch.linalg.eigh(sums.matrix())
@@ -297,7 +313,7 @@ def estimate(
     fix, needed = None, None
     if sums.x is None and n_samples:
         samples = sums.samples()
-        fix = debias.correct(sums.xx, sums.n, samples, seed, budget)
+        fix = debias.correct(sums.xx, sums.n, samples, seed, budget, floor)
         if not fix.converged:
             needed = math.ceil(tokens * fix.sequences_needed / samples.n_sequences)
     warnings = []  # (code, message)
@@ -355,7 +371,7 @@ def estimate(
         erank_corrected_se=None
         if fix is None
         else {"sampling": fix.se_sampling, "simulation": fix.se_simulation},
-        eigenvalues_corrected=None if fix is None else fix.eigenvalues,
+        eigenvalues_corrected=None if fix is None or fix.erank is None else fix.eigenvalues,
         participation_ratio_unbiased=None if fix is None else fix.participation_ratio,
         participation_ratio_unbiased_95=None if fix is None else fix.participation_ratio_95,
         cautions=[list(w) for w in warnings],

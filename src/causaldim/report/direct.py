@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..measures.debias import REPORT_FLOOR
 from ..measures.sigma import DEFINITIONS, HEADLINE
 from .doc import Doc
 from .fmt import ci, num, pct
@@ -14,9 +15,6 @@ PULL_BACK = (
     "J is the full pull-back to the residual at each position: the Jacobian of every later "
     "position's logits, through attention, the gradient attribution patching uses"
 )
-
-
-REPORT_FLOOR = 1.0  # independent equivalents per dimension below which no value is given
 
 
 def converged_at(results: dict) -> float:
@@ -38,7 +36,7 @@ def below_floor(est: dict) -> bool:
 
 def _with_interval(est: dict) -> str:
     value = est.get("erank_corrected")
-    if value is not None and below_floor(est):
+    if below_floor(est):  # no corrected value was computed
         d = est["n_samples"] / est["samples_per_dim"]
         return (
             f"n/a (not converged: {est['n_independent'] / d:.1f} independent equivalents per "
@@ -88,7 +86,7 @@ def direct_kappa(sigma: dict, d: int) -> list[str]:
         lines.append(
             f"Direct kappa = {DEFINITIONS[HEADLINE]} (the logits reading, each probe centred "
             f"over the vocabulary; J pulled back through every later position, as AtP's "
-            f"gradient is): {flagged(est)}"
+            f"gradient is), from {est['n_tokens']:,} eval tokens: {flagged(est)}"
             + ("" if below_floor(est) else f", {est['erank_corrected'] / d:.2f} d")
             + ", corrected "
             f"for finite samples (95%: sequences, simulation and remaining drift); {state}, "
@@ -109,7 +107,8 @@ def direct_kappa(sigma: dict, d: int) -> list[str]:
         if reading in sigma:
             est = sigma[reading]
             lines.append(
-                f"Beside it, the {reading} reading, {DEFINITIONS[reading]}: {flagged(est)}, "
+                f"Beside it, the {reading} reading, {DEFINITIONS[reading]}, from "
+                f"{est['n_tokens']:,} eval tokens: {flagged(est)}, "
                 f"participation ratio {num(est['participation_ratio_unbiased'])}."
             )
     direct = [r for r in DEFINITIONS if r in sigma and r != "activations"]
@@ -124,7 +123,7 @@ def sigma_table(results: dict) -> str:
     d = results["store"]["model"]["d_model"]
     rows = [
         f"{'reading':<17} {'erank':>8} {'95% interval':>17} {'/d':>6} {'PR':>7} "
-        f"{'plug-in':>8} {'indep./d':>8} {'converged':>9}"
+        f"{'plug-in':>8} {'indep./d':>8} {'converged':>9} {'tokens':>7}"
     ]
     for reading, est in results["sigma"].items():
         corrected = est.get("erank_corrected")
@@ -138,7 +137,8 @@ def sigma_table(results: dict) -> str:
             f"{reading:<17} {num(corrected):>8} {interval} "
             f"{'n/a' if corrected is None else f'{corrected / d:.3f}':>6} "
             f"{num(est.get('participation_ratio_unbiased')):>7} {est['erank']:8.1f} "
-            f"{'n/a' if independent is None else f'{independent / d:.1f}':>8} {converged:>9}"
+            f"{'n/a' if independent is None else f'{independent / d:.1f}':>8} {converged:>9} "
+            f"{est['n_tokens']:>7,}"
         )
         if est.get("warning"):
             rows.append(f"  warning: {est['warning']}")
@@ -167,6 +167,14 @@ def direct_sigma(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
         "sequences to all. PR: from U-statistics over pairs of samples in different sequence "
         "blocks. Plug-in: of the "
         "sample Sigma, biased low, shown without an interval."
+        + (
+            " The logits readings and the activations also read the eval tokens beyond the "
+            "eval split that a pass skipping the head harvested for them (--headline-tokens); "
+            "the loss and Fisher readings, which need the head, read the eval split alone, "
+            "so each reading's tokens and convergence are its own."
+            if results["store"].get("headline_extension")
+            else ""
+        )
     )
     rows = []
     for reading, est in sigma.items():
@@ -182,6 +190,7 @@ def direct_sigma(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
                 ci(est.get("participation_ratio_unbiased_95")),
                 f"{est['erank']:.1f}",
                 "n/a" if independent is None else f"{independent:,.0f}",
+                f"{est['n_tokens']:,}",
                 f"{est['n_samples']:,}",
                 est.get("warning") or "",
             ]
@@ -196,6 +205,7 @@ def direct_sigma(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
             "95% CI",
             "erank (plug-in)",
             "independent",
+            "tokens",
             "samples",
             "warning",
         ],

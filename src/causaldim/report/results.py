@@ -75,6 +75,19 @@ def direct_kappa(sigma: dict) -> dict | None:
     }
 
 
+def _extension(store: Store) -> dict:
+    m = store.manifest
+    ev = m["splits"]["eval"]
+    return {
+        "path": str(store.root.parent.name + "/" + store.root.name),
+        "tokens": ev["n_tokens"],
+        "n_outliers": ev["n_outliers"],
+        "throughput_tokens_per_second": ev.get("tokens_per_second"),
+        "pass": m.get("pass", "full"),
+        "probes_drawn": m["probes"].get("drawn", "over the vocabulary"),
+    }
+
+
 def build_results(
     *,
     preset: str,
@@ -94,6 +107,7 @@ def build_results(
     threads: Threads | None = None,
     notes: tuple = (),
     rounds=None,
+    extension: Store | None = None,
 ) -> dict:
     """results.json of a run, from its resolved configs, the headline layer's store and
     Measurement, the controls' results and the notes its plan printed ([code, message])."""
@@ -153,6 +167,10 @@ def build_results(
             "outliers": m["outliers"],
             "eval_mean_loss": m["splits"]["eval"]["mean_loss"],
             "probes": {"logits": m["key"]["logit_probes"], "fisher": m["key"]["fisher_probes"]},
+            "probes_drawn": m["probes"].get("drawn", "over the vocabulary"),
+            # --headline-tokens: eval sequences beyond the run's that the logits readings
+            # (and the activations') also read, harvested by the pass that skips the head
+            "headline_extension": None if extension is None else _extension(extension),
         },
         "sigma": here.sigma_dicts(),
         # what "converged" took (runs before this key: 4)

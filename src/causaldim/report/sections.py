@@ -111,6 +111,18 @@ def read_with_care(doc: Doc, results: dict) -> None:
         doc.ul(caution_lines(warned))
 
 
+def extended(store: dict) -> str:
+    """The --headline-tokens extension in words, or nothing."""
+    ext = store.get("headline_extension")
+    if not ext:
+        return ""
+    how = "a pass that skips the head" if ext["pass"] == "headline" else "the full pass"
+    return (
+        f" (and {ext['tokens']:,} more eval tokens for the logits readings alone, by {how}: "
+        "the loss and Fisher readings, AtP and CE read the eval split)"
+    )
+
+
 def title(doc: Doc, results: dict) -> None:
     s = results["store"]
     d = s["model"]["d_model"]
@@ -121,8 +133,9 @@ def title(doc: Doc, results: dict) -> None:
         ("" if known_as == model["name"] else f"{known_as}. ")
         + f"Residual stream at the {s['site']}, named elsewhere {aliases(s['layer'])}; "
         f"d = {d}; corpus: {corpus.get('description', corpus['id'])}; "
-        f"{s['tokens']['train']:,} train and {s['tokens']['eval']:,} eval tokens in sequences "
-        f"of {s['seq_len']}; outliers left out: {s['outliers']['n_outliers']:,} tokens "
+        f"{s['tokens']['train']:,} train and {s['tokens']['eval']:,} eval tokens"
+        f"{extended(s)} in sequences of {s['seq_len']}; "
+        f"outliers left out: {s['outliers']['n_outliers']:,} tokens "
         f"carrying {pct(s['outliers']['variance_share'])} of the residual variance. "
         f"Preset {results['preset']}, seed {results['seed']}, causaldim "
         f"{results['causaldim_version']}, {results['seconds']['total']:.0f} s "
