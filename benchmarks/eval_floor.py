@@ -1,15 +1,21 @@
-"""The eval pass's speed against the floor its FLOPs imply on this machine, per embedded
-model, measured side by side in one run.
+"""The headline pass against the floor of the model's body, with the eval split's pass
+and today's (debcec4) pass beside it, per embedded model, measured side by side in one run.
 
-For each model: the eval pass as runs make it (one Gaussian logit probe, split into its
-centred and shift parts, and one Fisher probe) on a batch of the built-in corpus; its
-matmul FLOPs a token from the model's weights as the dry run counts them (costs.py: a
-full forward, one backward from the loss and one per probe part down to L, and two
-[vocab x d] head products; attention's own products left out, a few percent at 128);
-this machine's matmul speed timed at the model's own widest product (tokens x d against
-d x vocab, the head) in the same run. floor = speed / FLOPs per token; the ratio
-measured / floor is what to read (1.0: every cycle in a matmul at full speed). Gemma 3
-270M's 262k-token head makes most of its FLOPs, SmolLM2's 49k-token head a third.
+For each model, on batches of the built-in corpus, at the middle layer, in rounds that
+alternate the passes (so machine load hits each alike):
+- floor: the body alone, forward to the output head's input and one backward from there
+  to the layer (no head, no probe drawing): what any head-free pass of one backward costs;
+- headline: the pass --headline-tokens runs (model_pass.headline_at): the forward to the
+  head's input, one Gaussian probe drawn in the model's width, its centred part pulled
+  back (one backward, as the floor's);
+- eval split: the pass every eval token gets (grads_at: the loss gradient, one Gaussian
+  probe drawn in the width, one Fisher probe, the head's forward for the loss);
+- debcec4: the eval pass as it was, the centred probe drawn over the vocabulary and
+  pulled back through the head (the reference below, kept for this comparison).
+
+What to read: headline / floor (target: at least 0.7), and headline / debcec4, the
+headline's tokens a second against what each headline token cost before (target for
+Gemma 3: at least 3).
 
     .venv/bin/python benchmarks/eval_floor.py [--models smollm2-135m gemma3-270m] [--reps 3]
 """
@@ -21,69 +27,88 @@ import statistics
 import time
 
 import torch
+import torch.nn.functional as F
 
-from causaldim.config import HarvestConfig
-from causaldim.costs import parameter_counts
-from causaldim.harvest import plan
-from causaldim.harvest.model_pass import grads_at
+from causaldim.harvest.model_pass import (
+    _head_io,
+    fisher_draws,
+    gaussian_probes,
+    grads_at,
+    head_probes,
+    headline_at,
+)
 from causaldim.model.corpus import load_corpus, tokenize
+from causaldim.model.hooks import StopForward, tap_blocks
 from causaldim.model.load import load_model, resolve_model
 
 
-def eval_pass(lm, layer, ids):
-    return grads_at(lm, (layer,), ids, 1, 1, torch.Generator().manual_seed(0))[layer]
+def floor_pass(lm, layer, ids):
+    """Forward to the head's input, one backward from there to the layer."""
+    head = lm.model.get_output_embeddings()
+    seen = {}
+
+    def stop(module, args):
+        seen["x"] = args[0]
+        raise StopForward
+
+    handle = head.register_forward_pre_hook(stop)
+    try:
+        with torch.enable_grad(), tap_blocks({layer: lm.layers[layer]}, "leaf") as captured:
+            try:
+                lm.model(input_ids=ids, use_cache=False)
+            except StopForward:
+                pass
+            x = seen["x"]
+            torch.autograd.grad(x, captured[layer], torch.ones_like(x))
+    finally:
+        handle.remove()
 
 
-def matmul_speed(tokens: int, d: int, vocab: int, reps: int) -> float:
-    """FLOP/s of [tokens, d] @ [d, vocab] in float32, the median of reps."""
-    a, b = torch.randn(tokens, d), torch.randn(d, vocab)
-    a @ b  # warm-up
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - t)
-    return 2 * tokens * d * vocab / statistics.median(times)
-
-
-def flops_per_token(name: str, seq_len: int) -> float:
-    """The eval pass's matmul FLOPs a token at the middle layer (costs.estimate's count)."""
-    cfg = HarvestConfig(model=name, seq_len=seq_len, tokens=4 * seq_len, out="/nonexistent/x")
-    params = parameter_counts(plan(cfg, dry_run=True))
-    above = params["above_layer"]
-    backwards = 1 + 3  # the loss, the probe's centred and shift parts, the Fisher probe
-    head_products = 2  # p W (below the head for the loss, shift, Fisher) and the centred
-    forward = params["through_layer"] + above + params["head"]
-    return 2 * (forward + backwards * above + head_products * params["head"])
+def debcec4_pass(lm, layer, ids, gen):
+    """The eval pass of debcec4: as the eval split's, but the centred probe drawn over the
+    vocabulary and pulled back through the head."""
+    with (
+        torch.enable_grad(),
+        tap_blocks({layer: lm.layers[layer]}, "leaf") as cap,
+        _head_io(lm) as head,
+    ):
+        logits = lm.model(input_ids=ids, use_cache=False).logits
+        F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+        hs = [cap[layer]]
+        centred, means = gaussian_probes(logits, 1, gen)
+        draws = fisher_draws(logits, 1, gen)
+        x, w = head["input"], head["module"].weight.detach()
+        pw = (logits.detach().float().softmax(-1) @ w.float()).to(x.dtype)
+        to_loss = pw - w[ids.roll(-1, dims=1)]
+        for v in [to_loss, means[0] * w.sum(0), w[draws[0]] - pw]:
+            torch.autograd.grad(x, hs, v, retain_graph=True)
+        torch.autograd.grad(logits, hs, centred[0])
 
 
 def measure(name: str, batch: int, seq_len: int, reps: int) -> dict:
     source = resolve_model(name)
     layer = source.n_layers // 2
-    lm = load_model(source, "float32")
+    lm = load_model(source, "float32", progress=False)
     seqs = tokenize(load_corpus("builtin"), lm.tokenizer, seq_len)
-    ids = seqs[:batch]
-    per_token = flops_per_token(name, seq_len)
-    eval_pass(lm, layer, seqs[batch : 2 * batch])  # warm-up
-    times, speeds = [], []
-    for i in range(reps):  # alternate the pass and the speed, so load hits both alike
-        part = seqs[(i + 2) * batch : (i + 3) * batch]
-        t = time.perf_counter()
-        eval_pass(lm, layer, part)
-        times.append(time.perf_counter() - t)
-        speeds.append(matmul_speed(ids.numel(), source.d_model, source.config.vocab_size, 2))
-    measured = ids.numel() / statistics.median(times)
-    speed = statistics.median(speeds)
-    floor = speed / per_token
-    return {
-        "model": name,
-        "layer": layer,
-        "gflop_per_token": per_token / 1e9,
-        "matmul_gflops": speed / 1e9,
-        "tokens_per_second": measured,
-        "floor": floor,
-        "ratio": measured / floor,
+    probes = head_probes(lm)
+    gen = torch.Generator().manual_seed(0)
+    passes = {
+        "floor": lambda ids: floor_pass(lm, layer, ids),
+        "headline": lambda ids: headline_at(lm, (layer,), ids, 1, probes, gen),
+        "eval split": lambda ids: grads_at(lm, (layer,), ids, 1, 1, gen, probes),
+        "debcec4": lambda ids: debcec4_pass(lm, layer, ids, gen),
     }
+    for f in passes.values():  # warm-up
+        f(seqs[:batch])
+    times = {k: [] for k in passes}
+    for i in range(reps):
+        ids = seqs[(i + 1) * batch : (i + 2) * batch]
+        for k, f in passes.items():
+            t = time.perf_counter()
+            f(ids)
+            times[k].append(time.perf_counter() - t)
+    rate = {k: ids.numel() / statistics.median(v) for k, v in times.items()}
+    return {"model": name, "layer": layer, **rate}
 
 
 def main() -> None:
@@ -94,24 +119,20 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
     print(
-        f"eval pass, batch {args.batch_size}x{args.seq_len}, float32, "
-        f"{torch.get_num_threads()} threads, median of {args.reps}"
+        f"tokens a second, batch {args.batch_size}x{args.seq_len}, float32, "
+        f"{torch.get_num_threads()} threads, median of {args.reps} alternating rounds"
     )
     print(
-        f"{'model':<14} {'layer':>5} {'GFLOP/tok':>9} {'matmul GFLOP/s':>14} "
-        f"{'tok/s':>7} {'floor tok/s':>11} {'of floor':>8}"
+        f"{'model':<14} {'layer':>5} {'floor':>7} {'headline':>8} {'eval split':>10} "
+        f"{'debcec4':>7} {'headline/floor':>14} {'headline/debcec4':>16} {'eval/debcec4':>12}"
     )
-    rows = [measure(m, args.batch_size, args.seq_len, args.reps) for m in args.models]
-    for r in rows:
+    for m in args.models:
+        r = measure(m, args.batch_size, args.seq_len, args.reps)
         print(
-            f"{r['model']:<14} {r['layer']:>5} {r['gflop_per_token']:>9.2f} "
-            f"{r['matmul_gflops']:>14.1f} {r['tokens_per_second']:>7.1f} {r['floor']:>11.1f} "
-            f"{r['ratio']:>8.2f}"
-        )
-    if len(rows) > 1:
-        print(
-            f"ratio to the floor, {rows[1]['model']} / {rows[0]['model']}: "
-            f"{rows[1]['ratio'] / rows[0]['ratio']:.2f}"
+            f"{r['model']:<14} {r['layer']:>5} {r['floor']:>7.0f} {r['headline']:>8.0f} "
+            f"{r['eval split']:>10.0f} {r['debcec4']:>7.0f} "
+            f"{r['headline'] / r['floor']:>14.2f} {r['headline'] / r['debcec4']:>16.2f} "
+            f"{r['eval split'] / r['debcec4']:>12.2f}"
         )
 
 

@@ -45,7 +45,7 @@ class AtlasConfig:
     eval_tokens: int = option(16_384, "Eval tokens a cell reads for every reading (full pass).")
     headline_tokens: int = option(
         16_384,
-        "Eval tokens beyond --eval-tokens that a cell reads for the logits readings alone, by "
+        "Eval tokens beyond --eval-tokens that a cell reads for the headline reading alone, by "
         "the headline pass (no head, no loss gradient, no Fisher probe): about 3x cheaper a "
         "token. 0: none.",
     )
@@ -342,7 +342,7 @@ def dry_run(cfg: AtlasConfig) -> None:
         print(
             f"cell {cell.name}: {len(the_plan.splits.eval) * the_plan.config.seq_len:,} eval "
             f"tokens (and {extension_sequences(the_plan) * the_plan.config.seq_len:,} for the "
-            f"logits readings alone), {len(cfg.layers(the_plan.source.n_layers))} of "
+            f"headline reading alone), {len(cfg.layers(the_plan.source.n_layers))} of "
             f"{the_plan.source.n_layers} layers; memory "
             f"{cost.memory_bytes / 2**30:,.1f} GiB (the pass {cost.pass_bytes / 2**30:,.1f}, "
             f"the sums of both rules {cost.sums_bytes / 2**30:,.1f}, loading the weights "

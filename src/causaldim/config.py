@@ -86,11 +86,11 @@ class HarvestConfig:
         "the rest train SAEs.",
     )
     headline_tokens: int = option(
-        16_384,
-        "Eval tokens beyond --tokens on which only the headline is measured: the logits "
-        "readings (centred and literal), by a pass that skips the output head (about 2x "
-        "(SmolLM2) to 6x (Gemma 3) cheaper a token than the eval split's). The loss and "
-        "Fisher readings, AtP scores and CE loss recovered read the eval split alone. 0: none.",
+        12_288,
+        "Eval tokens beyond --tokens on which only the headline is measured: the centred "
+        "logits reading, by a pass that skips the output head (about 2x (SmolLM2) to 6x "
+        "(Gemma 3) cheaper a token than the eval split's). The loss, literal and Fisher "
+        "readings, AtP scores and CE loss recovered read the eval split alone. 0: none.",
     )
     seq_len: int = option(128, "Tokens per sequence.")
     batch_size: int | None = option(

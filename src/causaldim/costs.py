@@ -281,12 +281,13 @@ def sigma_work(n_eval: int, d: int, probes: int, readings: int, b: debias.Budget
 
 
 def headline_sigma_work(n_head: int, d: int, probes: int, b: debias.Budget) -> Work:
-    """What the --headline-tokens extension adds to the two logits readings' sums and
-    simulated sampling (their eigendecompositions are counted with the eval split's)."""
+    """What the --headline-tokens extension adds to the headline reading's and the
+    activations' sums and simulated sampling (their eigendecompositions are counted with
+    the eval split's)."""
     if not n_head or not probes:
         return Work()
-    sums = Work(model=2 * 2 * n_head * d * d * probes)
-    return sums + Work(model=2 * b.draws * 2 * n_head * d * d)
+    sums = Work(model=2 * n_head * d * d * (probes + 1))
+    return sums + Work(model=2 * b.draws * n_head * d * d)
 
 
 def analysis_work(n_widths: int) -> Work:
@@ -417,7 +418,7 @@ def estimate(
             + ((1 + probes) * backward + head_products * params["head"]) * 2 * n_eval
         ),
         "harvest_headline": Work(
-            model=2 * (blocks_to_head + 2 * cfg.logit_probes * blocks_above) * n_head
+            model=2 * (blocks_to_head + cfg.logit_probes * blocks_above) * n_head
         ),
         "sigma": sigma_work(n_eval, d, probes, direct, debias.FULL)
         + headline_sigma_work(n_head, d, cfg.logit_probes, debias.FULL),

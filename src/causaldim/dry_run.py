@@ -60,7 +60,7 @@ def print_plan(
     print(
         f"tokens: {est['tokens']['train']:,} train, {est['tokens']['eval']:,} eval "
         f"(every reading, AtP and CE), {est['tokens']['headline']:,} more eval for the "
-        f"logits readings alone (--headline-tokens, a pass without the head), in "
+        f"headline reading alone (--headline-tokens, a pass without the head), in "
         f"sequences of {cfg.seq_len}; probes: {cfg.logit_probes} logits, "
         f"{cfg.fisher_probes} fisher"
     )

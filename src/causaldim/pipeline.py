@@ -182,7 +182,7 @@ def _run(
     t = time.perf_counter()
     extension = headline_extension(plans.main, harvested.result, harvested.load_lm, progress, acc)
     seconds["headline"] = time.perf_counter() - t
-    # what each layer's logits readings read: its eval split and its extension
+    # what each layer's headline reading reads: its eval split and its extension
     eval_stores = {
         i: [s, *([extension[i]] if i in extension else [])]
         for i, s in harvested.result.stores.items()

@@ -3,13 +3,13 @@ extension, then the rounds of `--until-converged` until the headline direct kapp
 converges (and, with --target-width, its interval is that narrow), or a cap is reached.
 
 Each harvests the next sequences of the corpus beyond --tokens (in the split's seeded
-order) into a store of its own, eval split only, by the headline pass (h and the logit
-probes' products: no head, no loss gradient, no Fisher probe), its probes drawn as they
-would be at that place of one long eval split; the logits readings then read the run's
-eval split and every extension as one. One already harvested (same key) is reused, so an
-interrupted run resumes where it stopped. Only the logits readings (and the activations')
-read them: the loss and Fisher readings, the SAE sweep, AtP and CE loss recovered keep
-the run's own eval split.
+order) into a store of its own, eval split only, by the headline pass (h and the centred
+logit probes' products: no head, no loss gradient, no shift or Fisher probe), its probes
+drawn as they would be at that place of one long eval split; the headline reading then
+reads the run's eval split and every extension as one. One already harvested (same key)
+is reused, so an interrupted run resumes where it stopped. Only the headline reading (and
+the activations') read them: the loss, literal and Fisher readings, the SAE sweep, AtP
+and CE loss recovered keep the run's own eval split.
 """
 
 from __future__ import annotations

@@ -497,9 +497,10 @@ def test_headline_quotes_the_fits_the_direct_estimates_and_the_wedge():
     assert (
         "- Direct kappa = erank(E[J^T (I - 11^T/V) J]) (the logits reading, each probe "
         "centred over the vocabulary; J pulled back through every later position, as AtP's "
-        "gradient is), from 8,192 eval tokens: 258 [242, 275], 0.45 d, corrected for finite samples (95%: sequences, "
-        "simulation and remaining drift); converged, 1,638 independent equivalents (2.8 per "
-        "dimension; n_eff 2,048); participation ratio 94.7 [87, 103]."
+        "gradient is), from 8,192 eval tokens: 258 [242, 275], 0.45 d, corrected for finite "
+        "samples (95%: sequences, simulation and remaining drift); converged, 1,638 "
+        "independent equivalents (2.8 per dimension; n_eff 2,048); participation ratio 94.7 "
+        "[87, 103]."
     ) in md
     assert (
         "- The paper's literal erank(E[J^T J]) (uncentred probes): 148 [132, 165]; 50.0% of "
@@ -761,8 +762,7 @@ def test_direct_sigma_tabulates_every_reading_with_its_warning():
     assert "| fisher | erank(E[J^T (diag p - p p^T) J]) | 232 [219, 253] |" in md
     assert "| not converged: erank changed |" in md
     assert (
-        "| activations | erank(Cov[h]) | n/a | n/a | n/a | [n/a] | 301.2 | n/a | 8,192 | 8,192 "
-        "|  |"
+        "| activations | erank(Cov[h]) | n/a | n/a | n/a | [n/a] | 301.2 | n/a | 8,192 | 8,192 |  |"
     ) in md
     assert "50.0% of the uncentred reading's trace lies along the shift of all logits" in md
     assert md.index("| loss |") < md.index("| logits |") < md.index("| activations |")

@@ -175,10 +175,12 @@ def headline_at(
     probes: HeadProbes,
     generator: torch.Generator | None = None,
 ) -> dict[int, Gradients]:
-    """h and the logit probes' products (centred and shift parts) at each of the blocks
-    `layers`, with no head: the forward stops at the head's input, the probes are drawn
-    there (HeadProbes) and every backward starts there. No loss, gradient or Fisher
-    product (they need the logits): g and u_fisher are None, the loss 0."""
+    """h and the logit probes' centred products at each of the blocks `layers`, with no
+    head: the forward stops at the head's input, the probes are drawn there (HeadProbes)
+    and the backward starts there. Only what the headline reads: no shift part (the
+    literal reading's), no loss, gradient or Fisher product (they need the logits), so
+    u_shift, g and u_fisher are None, the loss 0; one backward a probe, as the body's
+    floor has."""
     blocks = _blocks(lm, layers)
     ids = ids.to(lm.device)
     head = lm.model.get_output_embeddings()
@@ -196,12 +198,15 @@ def headline_at(
             except StopForward:
                 pass
             hs = [captured[i] for i in blocks]
-            u_logits, u_shift = _probes_at_head(seen["input"], hs, probes, logit_probes, generator)
+            x = seen["input"]
+            # drawn as the full pass draws them (centred, shift), the shift part unused
+            drawn = [probes.draw(x.shape[:-1], generator)[0] for _ in range(logit_probes)]
+            u_logits = _pull_back(x, hs, [c.to(x.dtype) for c in drawn])
     finally:
         handle.remove()
     return {
-        i: Gradients(h.detach(), None, ul, us, None, 0.0, 0)
-        for i, h, ul, us in zip(blocks, hs, u_logits, u_shift, strict=True)
+        i: Gradients(h.detach(), None, ul, None, None, 0.0, 0)
+        for i, h, ul in zip(blocks, hs, u_logits, strict=True)
     }
 
 

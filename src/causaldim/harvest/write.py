@@ -264,7 +264,7 @@ def _harvest_split(
                 grads = headline_at(lm, tapped, ids, cfg.logit_probes, probes, gen)
             elif headline:  # a head that is not linear: the full pass, its logit products kept
                 grads = {
-                    i: out._replace(g=None)
+                    i: out._replace(g=None, u_shift=None)
                     for i, out in grads_at(lm, tapped, ids, cfg.logit_probes, 0, gen).items()
                 }
             else:

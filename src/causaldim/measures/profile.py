@@ -27,6 +27,7 @@ from . import debias
 from .sigma import READINGS, BlockSums, SigmaEstimate, add_rows, estimate, with_common_mode
 
 SUM_DTYPE = torch.float32
+EXTENDED = ("logits", "activations")  # the readings the headline pass's rows hold
 # What results.json keeps of each layer's reading (the full estimate is the run layer's).
 KEPT = (
     "n_samples",
@@ -83,10 +84,10 @@ def check_memory(
 
 class Accumulator:
     """Block sums of every reading at every layer, filled from the eval pass's rows (an
-    EvalObserver of harvest/write.py). The logits readings and the activations' also read
-    the --headline-tokens extension (`extra` sequences after the eval split's, numbered
-    on from it), as the run's layer does; the loss and Fisher readings read the eval split
-    alone."""
+    EvalObserver of harvest/write.py). The headline (logits) reading and the activations'
+    also read the --headline-tokens extension (`extra` sequences after the eval split's, numbered
+    on from it), as the run's layer does; the loss, literal and Fisher readings read the
+    eval split alone."""
 
     def __init__(
         self,
@@ -103,10 +104,8 @@ class Accumulator:
         self.layers = tuple(sorted(layers))
         self.seq_len = seq_len
         self.include_outliers = include_outliers
-        # sequences each reading reads: the extension holds no loss gradient or Fisher probe
-        self.n_sequences = {
-            r: n_sequences + (0 if r in ("loss", "fisher") else extra) for r in readings
-        }
+        # sequences each reading reads: the extension holds h and the centred probe alone
+        self.n_sequences = {r: n_sequences + (extra if r in EXTENDED else 0) for r in readings}
         self.blocks = {r: n_blocks(n, blocks) for r, n in self.n_sequences.items()}
         self.sums = {
             i: {

@@ -211,8 +211,8 @@ def accumulate(
     list of stores (the run's, its --headline-tokens extension and its --until-converged
     rounds) is read as one eval split of all their sequences, in order, cut into the same
     number of blocks; each reading reads the stores that hold its fields (the extension
-    and the rounds hold the logits readings' and the activations', not the loss's or the
-    Fisher probe's)."""
+    and the rounds hold the headline reading's and the activations', not the loss's, the
+    literal's or the Fisher probe's)."""
     stores = store if isinstance(store, list) else [store]
     readings = readings or tuple(available(stores[0]))
     sums = {}

@@ -168,10 +168,11 @@ def direct_sigma(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
         "blocks. Plug-in: of the "
         "sample Sigma, biased low, shown without an interval."
         + (
-            " The logits readings and the activations also read the eval tokens beyond the "
-            "eval split that a pass skipping the head harvested for them (--headline-tokens); "
-            "the loss and Fisher readings, which need the head, read the eval split alone, "
-            "so each reading's tokens and convergence are its own."
+            " The headline (logits) reading and the activations also read the eval tokens "
+            "beyond the eval split that a pass skipping the head harvested for them "
+            "(--headline-tokens); the loss and Fisher readings, which need the head, and the "
+            "literal one read the eval split alone, so each reading's tokens and convergence "
+            "are its own."
             if results["store"].get("headline_extension")
             else ""
         )

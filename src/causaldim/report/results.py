@@ -168,8 +168,8 @@ def build_results(
             "eval_mean_loss": m["splits"]["eval"]["mean_loss"],
             "probes": {"logits": m["key"]["logit_probes"], "fisher": m["key"]["fisher_probes"]},
             "probes_drawn": m["probes"].get("drawn", "over the vocabulary"),
-            # --headline-tokens: eval sequences beyond the run's that the logits readings
-            # (and the activations') also read, harvested by the pass that skips the head
+            # --headline-tokens: eval sequences beyond the run's that the headline reading
+            # (and the activations') also reads, harvested by the pass that skips the head
             "headline_extension": None if extension is None else _extension(extension),
         },
         "sigma": here.sigma_dicts(),

@@ -118,8 +118,8 @@ def extended(store: dict) -> str:
         return ""
     how = "a pass that skips the head" if ext["pass"] == "headline" else "the full pass"
     return (
-        f" (and {ext['tokens']:,} more eval tokens for the logits readings alone, by {how}: "
-        "the loss and Fisher readings, AtP and CE read the eval split)"
+        f" (and {ext['tokens']:,} more eval tokens for the headline reading alone, by {how}: "
+        "the loss, literal and Fisher readings, AtP and CE read the eval split)"
     )
 
 
