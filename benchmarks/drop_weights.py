@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from causaldim.checks import check
-from causaldim.costs import disk_bytes
+from causaldim.disk import disk_bytes
 from causaldim.pipeline import harvest_only, run
 from causaldim.presets import preset_configs
 

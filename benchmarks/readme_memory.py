@@ -1,5 +1,5 @@
 """The README's memory guide for --preset paper (Gemma-2-2B, seq 512, bf16), computed by
-the memory model the dry run uses (causaldim.memory, costs.disk_bytes), offline from the
+the memory model the dry run uses (causaldim.memory, disk.disk_bytes), offline from the
 model's known shape. `python benchmarks/readme_memory.py` rewrites the table between its
 markers in README.md; tests/test_docs.py checks the README holds what this computes."""
 
@@ -25,8 +25,8 @@ def table() -> str:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the known shape: no network
     import torch
 
-    from causaldim.costs import checkpoint_bytes, disk_bytes, sweep_disk
     from causaldim.devices import planning_for, resolve_dtype
+    from causaldim.disk import checkpoint_bytes, disk_bytes, sweep_disk
     from causaldim.harvest.plan import plan
     from causaldim.memory import HEADROOM, SCORE_ROW_BYTES, sae_training_bytes, step_entries
     from causaldim.presets import preset_configs

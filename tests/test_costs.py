@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from causaldim import costs
+from causaldim import costs, disk
 from causaldim.devices import PROFILES, planning_for
 
 
@@ -43,21 +43,21 @@ def test_the_saes_disk_follows_their_saved_precision(tiny_model, tmp_path):
 
     the_plan = plan(HarvestConfig(model=tiny_model("llama"), tokens=256, out=str(tmp_path / "run")))
     d, widths = the_plan.source.d_model, [1024, 4096]
-    full = costs.disk_bytes(the_plan, SweepConfig(widths=widths))
-    half = costs.disk_bytes(the_plan, SweepConfig(widths=widths, save_dtype="bfloat16"))
+    full = disk.disk_bytes(the_plan, SweepConfig(widths=widths))
+    half = disk.disk_bytes(the_plan, SweepConfig(widths=widths, save_dtype="bfloat16"))
     assert full["saes"] == (2 * d * 4 + 12) * sum(widths)
     assert half["saes"] == (2 * d * 2 + 12) * sum(widths)
     # training keeps float32 weights and moments: two checkpoints at a save, or none
-    checkpoint = costs.checkpoint_bytes(d, max(widths), "adam")
+    checkpoint = disk.checkpoint_bytes(d, max(widths), "adam")
     assert full["checkpoint"] == half["checkpoint"] == 2 * checkpoint
-    none = costs.disk_bytes(the_plan, SweepConfig(widths=widths, checkpoint_steps=0))
+    none = disk.disk_bytes(the_plan, SweepConfig(widths=widths, checkpoint_steps=0))
     assert none["checkpoint"] == 0 and none["total"] == full["total"] - 2 * checkpoint
     assert full["total"] == full["store"] + full["saes"] + full["scores"] + full["checkpoint"]
     # --drop-weights: the reference beside the widest, and the other figure stated too
-    drop = costs.disk_bytes(the_plan, SweepConfig(widths=widths, drop_weights=True))
+    drop = disk.disk_bytes(the_plan, SweepConfig(widths=widths, drop_weights=True))
     assert drop["saes"] == (2 * d * 4 + 12) * sum(widths) == full["saes"]  # two widths
     three = SweepConfig(widths=[256, *widths], drop_weights=True)
-    drop = costs.disk_bytes(the_plan, three)
+    drop = disk.disk_bytes(the_plan, three)
     assert drop["saes"] == (2 * d * 4 + 12) * (256 + 4096)
     assert drop["saes_other"] == (2 * d * 4 + 12) * (256 + 1024 + 4096)
 
@@ -76,8 +76,8 @@ def test_scores_and_digests_take_the_bytes_planned(tmp_path):
     )
     path = tmp_path / "s.safetensors"
     save_scores(scores, path)
-    assert path.stat().st_size == pytest.approx(costs.scores_bytes(d, width, blocks), rel=0.01)
+    assert path.stat().st_size == pytest.approx(disk.scores_bytes(d, width, blocks), rel=0.01)
     basis = torch.linalg.qr(torch.randn(d, 5))[0]
     save_digest(digest(torch.randn(width, d), basis, torch.randn(ref, d)), digest_path(path))
     size = digest_path(path).stat().st_size
-    assert costs.digest_bytes(width) * 0.8 < size <= costs.digest_bytes(width) + 1000
+    assert disk.digest_bytes(width) * 0.8 < size <= disk.digest_bytes(width) + 1000

@@ -155,6 +155,7 @@ def run_cell(cfg: AtlasConfig, cell: Cell, the_plan, progress: bool) -> dict:
     device = torch.device(c.device)
     in_use = reset_peak(device)
     readings = profile.profile_readings(c.logit_probes, c.fisher_probes)
+    n_head = extension_sequences(the_plan)  # sequences the headline pass adds
     accs = {
         rule: profile.Accumulator(
             cfg.layers(the_plan.source.n_layers),
@@ -165,7 +166,7 @@ def run_cell(cfg: AtlasConfig, cell: Cell, the_plan, progress: bool) -> dict:
             readings,
             include,
             c.device,
-            extension_sequences(the_plan),
+            n_head,
         )
         for rule, include in RULES.items()
     }
@@ -176,8 +177,8 @@ def run_cell(cfg: AtlasConfig, cell: Cell, the_plan, progress: bool) -> dict:
     done = harvest(c, progress, passing, observer=_BothRules(accs))
     parts["pass"] = time.perf_counter() - t
     t = time.perf_counter()
-    if extension_sequences(the_plan):  # the headline pass, on the same thresholds
-        headline = round_plan(the_plan, 0, extension_sequences(the_plan))
+    if n_head:  # the headline pass, on the same thresholds
+        headline = round_plan(the_plan, 0, n_head)
         harvest(
             c,
             progress,
@@ -207,7 +208,7 @@ def run_cell(cfg: AtlasConfig, cell: Cell, the_plan, progress: bool) -> dict:
         },
         "corpus": the_plan.corpus.id,
         "eval_tokens": len(the_plan.splits.eval) * c.seq_len,
-        "headline_tokens": extension_sequences(the_plan) * c.seq_len,
+        "headline_tokens": n_head * c.seq_len,
         "measured_layers": list(cfg.layers(the_plan.source.n_layers)),
         "layers": layers,
         "seconds": time.perf_counter() - t0,

@@ -15,8 +15,8 @@ import torch
 
 from . import controls
 from .config import AnalysisConfig, HarvestConfig
-from .costs import disk_bytes
 from .devices import memory, resolve_dtype
+from .disk import disk_bytes
 from .errors import UsageError
 from .executors import executor_for
 from .harvest import Plan, plan

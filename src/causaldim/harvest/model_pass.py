@@ -59,7 +59,11 @@ def head_probes(lm: LoadedModel, chunk: int = 16_384) -> HeadProbes | None:
     depends on the token), which keeps the probes over the vocabulary."""
     if not _linear_head(lm):
         return None
-    w = lm.model.get_output_embeddings().weight.detach()
+    return _factor(lm.model.get_output_embeddings().weight.detach(), chunk)
+
+
+def _factor(w: torch.Tensor, chunk: int = 16_384) -> HeadProbes:
+    """HeadProbes of a linear head's weight [V, d]."""
     d = w.shape[1]
     gram = torch.zeros(d, d, dtype=torch.float64, device=w.device)
     ones = torch.zeros(d, dtype=torch.float64, device=w.device)
@@ -129,11 +133,9 @@ def grads_at(
     it), every backward starts below the head: the loss's and the Fisher probe's
     pull-backs through it are sums of its rows (p W, W[y]) that need one p W product a
     batch, and the Gaussian probes are drawn in the model's width (HeadProbes: `probes`,
-    computed here if not given)."""
+    computed from the head's weight if not given)."""
     blocks = _blocks(lm, layers)
     ids = ids.to(lm.device)
-    if probes is None and logit_probes:
-        probes = head_probes(lm)  # before the forward: it runs one token through the model
     with torch.enable_grad(), tap_blocks(blocks, "leaf") as captured, _head_io(lm) as head:
         logits = lm.model(input_ids=ids, use_cache=False).logits
         loss = F.cross_entropy(
@@ -149,6 +151,8 @@ def grads_at(
             to_loss[:, -1] = 0  # the last position predicts nothing
             gs = _pull_back(x, hs, [to_loss])
             u_fisher = _pull_back(x, hs, [w[y] - pw for y in draws])
+            if probes is None and logit_probes:
+                probes = _factor(w)
             u_logits, u_shift = _probes_at_head(x, hs, probes, logit_probes, generator)
         else:
             centred, means = gaussian_probes(logits, logit_probes, generator)
