@@ -43,6 +43,15 @@ def test_measure_returns_the_runs_numbers(measured):
     assert res.kappa[:3] == (logits["erank_corrected"], *logits["erank_corrected_95"])
     assert res.kappa.reading == "logits" and res.kappa.converged == logits["converged"]
     assert res.kappa.low <= res.kappa.value <= res.kappa.high
+    twin = logits["activation_weighted"]  # the same samples in the activations' metric
+    assert res.kappa_act[:3] == (twin["erank_corrected"], *twin["erank_corrected_95"])
+    assert raw["direct_kappa"]["activation_weighted"]["value"] == twin["erank_corrected"]
+    assert (
+        res.direct("loss", "act").value
+        == raw["sigma"]["loss"]["activation_weighted"]["erank_corrected"]
+    )
+    with pytest.raises(KeyError, match="no activation-weighted twin"):
+        res.direct("activations", "act")
     a = raw["sweep"]["topk"]
     if a["estimable"]:
         assert res.kappa_hat.value == a["kappa"]["free"]["kappa"]
@@ -79,8 +88,12 @@ def test_load_reads_a_folder_or_its_results_json_alike(measured):
 def test_tables_as_dataframes_and_the_csvs_a_run_writes(measured, tmp_path):
     res, out = measured
     sigma = res.to_dataframe("sigma")
-    assert list(sigma["reading"]) == list(res.data["sigma"])
-    assert sigma.set_index("reading").loc["logits", "erank"] == res.kappa.value
+    raw = sigma[sigma["metric"] == "raw"]
+    assert list(raw["reading"]) == list(res.data["sigma"])
+    assert raw.set_index("reading").loc["logits", "erank"] == res.kappa.value
+    act = sigma[sigma["metric"] == "act"].set_index("reading")
+    assert act.loc["logits", "erank"] == res.kappa_act.value
+    assert "activations" not in act.index
     widths = res.to_dataframe("widths")
     assert list(widths["width"]) == [16, 32, 64, 128]
     per_width = res.data["sweep"]["topk"]["per_width"]

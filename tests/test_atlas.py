@@ -38,7 +38,10 @@ def test_every_cell_layer_rule_and_reading_is_a_row(atlas_run):
     readings = {"loss", "logits", "logits_uncentred", "fisher"}
     assert {r["reading"] for r in rows} == readings
     assert {r["outliers"] for r in rows} == {"left out", "kept"}
-    assert len(rows) == 4 * 4 * 2 * len(readings)  # cells x layers x rules x readings
+    # cells x layers x rules x (readings raw, and the headline activation-weighted)
+    assert len(rows) == 4 * 4 * 2 * (len(readings) + 1)
+    assert {r["reading"] for r in rows if r["metric"] == "act"} == {"logits"}
+    assert all(float(r["later_gains_over_d"]) > 0 for r in rows)
     for r in rows:
         assert 0.0 <= float(r["depth"]) <= 1.0
         if r["kappa"]:
@@ -56,7 +59,15 @@ def test_every_cell_layer_rule_and_reading_is_a_row(atlas_run):
         assert kept["logits"]["n_samples"] == 2 * 128 * probes
         assert kept["fisher"]["n_samples"] == 128 * HarvestConfig().fisher_probes
     md = (out / "atlas.md").read_text()
-    assert "causaldim atlas --models" in md and "## What moves kappa" in md
+    assert "causaldim atlas --models" in md and "## What moves kappa, raw" in md
+    assert "The paper's definition of kappa is the raw one" in md
+    assert "## Which directions matter at the middle layer, by intervention" in md
+    for path in cells:
+        cell = read_sealed_json(path, "cell")
+        assert cell["metrics"] == ["raw", "activation-weighted"]
+        lad = cell["ladder"]
+        assert lad["k"][-1] == cell["model"]["d_model"]
+        assert all(c["kl"][-1] < 1e-5 for c in lad["rankings"].values())  # all d kept
     assert "minutes: planned, measured" in md
     if any(r["kappa"] for r in rows):  # model and depth said from the values there are
         assert "\n- model: kappa / d, the median over layers and cells, " in md
@@ -163,6 +174,8 @@ def test_profile_layers_scale_the_sums_and_the_profiles_work(tiny_model, tmp_pat
     one = costs.estimate(the_plan, sweep, analysis, rates, profile_layers=(n - 1,))
     assert one["memory"]["profile_sums_bytes"] * n == every["memory"]["profile_sums_bytes"]
     assert one["seconds"]["profile"] * n == pytest.approx(every["seconds"]["profile"])
+    # the forward pass for the activations' metric runs to the deepest tapped block
+    assert 0 < every["seconds"]["metric_pass"] <= one["seconds"]["metric_pass"] * 1.0001
     # the eval pass's backwards stop at the top layer instead of block 0
     assert one["seconds"]["harvest_eval"] < every["seconds"]["harvest_eval"]
     plain = costs.estimate(the_plan, sweep, AnalysisConfig(), rates)

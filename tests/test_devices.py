@@ -22,8 +22,8 @@ from causaldim.errors import UsageError
 from causaldim.executors import LocalExecutor
 from causaldim.harvest import plan
 from causaldim.harvest.model_pass import grads_at, residuals_at
+from causaldim.measures.kappa import measure
 from causaldim.measures.score import ScoreJob, load_scores, score_job
-from causaldim.measures.sigma import measure
 from causaldim.measures.splice import ce_loss_recovered
 from causaldim.measures.sweep import load_entries, run_sweep
 from causaldim.memory import ModelPassMemory, model_batch_size

@@ -98,6 +98,15 @@ def test_results_hold_every_number_of_the_report(finished_run):
         assert 1 <= est["erank_corrected"] <= 32 and lo <= est["erank_corrected"] <= hi
         assert isinstance(est["converged"], bool) and est["n_independent"] <= est["n_eff"]
     assert r["direct_kappa"]["value"] == r["sigma"]["logits"]["erank_corrected"]
+    twin = r["sigma"]["logits"]["activation_weighted"]
+    assert r["direct_kappa"]["activation_weighted"]["value"] == twin["erank_corrected"]
+    assert r["weights"]["d_model"] == 32 and set(r["weights"]["layers"]) == {"0", "1", "2", "3"}
+    lad = r["ladder"]
+    assert lad["layer"] == r["store"]["layer"] and lad["k"] == [0, 8, 16, 32]
+    assert lad["eranks"] == {
+        "raw": r["sigma"]["logits"]["erank_corrected"],
+        "act": twin["erank_corrected"],
+    }
     assert r["seconds"]["total"] > 0 and r["versions"]["torch"]
     assert r["inputs"]["store"]["manifest_sha256"] and r["inputs"]["corpus"]["sha256"]
     assert r["paper"]["kappa_hat"] == 1990 and r["config"]["sweep"]["k"] == 4
@@ -109,8 +118,10 @@ def test_the_report_renders_and_re_renders_from_results_alone(finished_run, caps
     for text in ("kappa_hat", "Beside the paper", "N_causal", "Direct Sigma", "![wedge_topk]"):
         assert text in md
     page = (out / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 4  # sigma, wedge, AtP, subspace inlined
-    for name in ("sigma.png", "wedge_topk.png", "atp_topk.png", "subspace.png"):
+    # sigma, wedge, AtP, subspace and the ladder of directions kept, inlined
+    assert page.count("data:image/png;base64,") == 5
+    assert "## Which directions matter, by intervention" in md
+    for name in ("sigma.png", "wedge_topk.png", "atp_topk.png", "subspace.png", "ladder.png"):
         assert (out / "figures" / name).stat().st_size > 10_000
         (out / "figures" / name).unlink()
     (out / "report.md").unlink()
@@ -242,6 +253,16 @@ def test_controls_all_add_a_section_and_a_figure_each(tmp_path, tiny_model, text
     assert all(len(r["features"]) == 4 for r in c["ablation"]["rows"])
     assert c["depth"]["layers"] == [1, 2, 3] and c["task"]["width"] == 16
     assert abs(c["synthetic"]["direct"]["relative_error"]) < 0.02
+    assert "### Nulls: untrained networks of the same shape" in report
+    nulls = c["nulls"]["nulls"]
+    assert set(nulls) == {"permuted", "init"}
+    assert nulls["permuted"]["null"]["seed"] == results["seed"]
+    assert nulls["init"]["model"].endswith(f":init@{results['seed']}")
+    trained = c["nulls"]["trained"]["raw"]["value"]
+    assert trained == results["sigma"]["logits"]["erank_corrected"]
+    assert all(
+        n["raw"]["n_tokens"] == c["nulls"]["trained"]["raw"]["n_tokens"] for n in nulls.values()
+    )
 
 
 def test_depth_and_scale_measure_other_layers_and_a_second_model(tmp_path, tiny_model, text_corpus):

@@ -66,12 +66,27 @@ class Results:
         dimension, as the report prints n/a); None where the run had no logit probes."""
         return self.direct(HEADLINE) if HEADLINE in self.data["sigma"] else None
 
-    def direct(self, reading: str) -> Estimate:
+    @property
+    def kappa_act(self) -> Estimate | None:
+        """The direct kappa in the activations' metric: erank(C^1/2 Sigma C^1/2), C the
+        activations' covariance, which no invertible linear map of the residual changes
+        (None where the run had no logit probes, or predates it)."""
+        e = self.data["sigma"].get(HEADLINE) or {}
+        return self.direct(HEADLINE, "act") if e.get("activation_weighted") else None
+
+    def direct(self, reading: str, metric: str = "raw") -> Estimate:
         """One reading's erank: corrected for finite samples (loss, logits,
-        logits_uncentred, fisher), or the plug-in of the activations' reference line."""
+        logits_uncentred, fisher), or the plug-in of the activations' reference line;
+        metric "act": the output reading weighted by the activations (kappa_act)."""
         if reading not in self.data["sigma"]:
             raise KeyError(f"no {reading!r} reading; this run has {', '.join(self.data['sigma'])}")
+        if metric not in ("raw", "act"):
+            raise ValueError(f"metric must be 'raw' or 'act', not {metric!r}")
         e = self.data["sigma"][reading]
+        if metric == "act":
+            if not e.get("activation_weighted"):
+                raise KeyError(f"the {reading!r} reading has no activation-weighted twin")
+            e = e["activation_weighted"]
         needed = e.get("eval_tokens_needed")
         if below_floor(e):  # as the report: no value, the plug-in and the tokens that would do
             return Estimate(None, None, None, reading, False, needed, e["erank"])

@@ -28,6 +28,9 @@ from .fileio import read_sealed_json, write_sealed_json
 from .harvest import harvest, plan
 from .harvest.plan import extension_sequences
 from .measures import profile
+from .measures.ladder import ladder_at
+from .measures.sigma import HEADLINE
+from .measures.weights import predictors
 from .rounds import round_plan
 
 
@@ -55,6 +58,11 @@ class AtlasConfig:
         "layer). None given: every layer. Fewer layers make a cell cheaper per eval token.",
     )
     profile_blocks: int = option(8, "Sequence blocks of each layer's sums (memory: see --dry-run).")
+    ladder_sequences: int = option(
+        8,
+        "Held-out sequences (the planned train half, never harvested) on which a cell checks "
+        "the directions that matter at its middle layer by intervention (0: not checked).",
+    )
     seed: int = option(0, "Seed of the sequences and the probes.")
     max_minutes: float | None = option(
         None,
@@ -71,6 +79,8 @@ class AtlasConfig:
             raise UsageError("--eval-tokens must be positive and --profile-blocks at least 2")
         if self.headline_tokens < 0:
             raise UsageError("--headline-tokens must be 0 or more")
+        if self.ladder_sequences < 0:
+            raise UsageError("--ladder-sequences must be 0 or more")
         if self.max_minutes is not None and not 0 <= self.max_minutes < float("inf"):
             raise UsageError("--max-minutes must be a number of minutes, 0 or more")
         if any(not 0 <= x <= 1 for x in self.depths):
@@ -113,6 +123,10 @@ class Cell(NamedTuple):
 
 
 RULES = {"left out": False, "kept": True}  # outliers: include_outliers
+# the readings a cell also measures in the activations' metric (kappa_act): the headline's
+# (each twin costs a layer's correction again)
+TWINS = (HEADLINE,)
+METRICS = ["raw", "activation-weighted"]  # what a cell measures; older cells: raw alone
 
 
 def harvest_config(cfg: AtlasConfig, cell: Cell) -> HarvestConfig:
@@ -135,6 +149,17 @@ def plans(cfg: AtlasConfig) -> dict[Cell, object]:
     return {cell: plan(harvest_config(cfg, cell), profile=True) for cell in cfg.cells()}
 
 
+def _middle_moments(acc: profile.Accumulator, layer: int):
+    """The headline's plug-in Sigma and the activations' mean and covariance at `layer`
+    (outliers left out), before the estimates free the sums; None if not measured."""
+    sums = acc.sums.get(layer)
+    if sums is None or HEADLINE not in sums or "activations" not in sums:
+        return None
+    acts = sums["activations"]
+    mu = acts.x.double().sum(0) / float(acts.n.sum())
+    return sums[HEADLINE].matrix().cpu(), mu.cpu(), acts.matrix().cpu()
+
+
 class _BothRules:
     """The eval pass's rows to one profile accumulator per outlier rule."""
 
@@ -142,9 +167,21 @@ class _BothRules:
         self.accs = accs
         self.layers = next(iter(accs.values())).layers
 
+    @property
+    def wants_forward(self) -> bool:
+        return any(acc.wants_forward for acc in self.accs.values())
+
     def add(self, layer, rows) -> None:
         for acc in self.accs.values():
             acc.add(layer, rows)
+
+    def add_forward(self, layer, rows) -> None:
+        for acc in self.accs.values():
+            acc.add_forward(layer, rows)
+
+    def forward_done(self) -> None:
+        for acc in self.accs.values():
+            acc.forward_done()
 
 
 def run_cell(cfg: AtlasConfig, cell: Cell, the_plan, progress: bool) -> dict:
@@ -167,6 +204,7 @@ def run_cell(cfg: AtlasConfig, cell: Cell, the_plan, progress: bool) -> dict:
             include,
             c.device,
             n_head,
+            TWINS,
         )
         for rule, include in RULES.items()
     }
@@ -189,6 +227,8 @@ def run_cell(cfg: AtlasConfig, cell: Cell, the_plan, progress: bool) -> dict:
             median_norms=done.median_norms,
         )
     parts["headline_pass"] = time.perf_counter() - t
+    middle = depth_layer(MIDDLE_DEPTH, the_plan.source.n_layers)
+    at_middle = _middle_moments(accs["left out"], middle)
     t = time.perf_counter()
     analysis = AnalysisConfig(profile=True, profile_blocks=cfg.profile_blocks)
     probes = {"logits": c.logit_probes, "fisher": c.fisher_probes}
@@ -198,6 +238,23 @@ def run_cell(cfg: AtlasConfig, cell: Cell, the_plan, progress: bool) -> dict:
         for layer, by_reading in profile.profile_results(found, acc, 0)["layers"].items():
             layers.setdefault(layer, {})[rule] = by_reading
     parts["estimates"] = time.perf_counter() - t
+    t = time.perf_counter()
+    lad = None
+    if at_middle is not None and cfg.ladder_sequences:
+        e = layers[str(middle)]["left out"][HEADLINE]
+        eranks = {"raw": e["erank_corrected"], "act": e["activation_weighted"]["erank_corrected"]}
+        lad = ladder_at(
+            done.lm,
+            middle,
+            *at_middle,
+            c.outlier_factor * done.median_norms[middle],
+            the_plan.splits.train[: cfg.ladder_sequences],  # planned, never harvested
+            eranks,
+            HEADLINE,
+            cfg.seed,
+        )
+    parts["ladder"] = time.perf_counter() - t
+    weights = predictors(done.lm)
     return {
         "cell": cell._asdict(),
         "key": the_plan.key,
@@ -210,6 +267,10 @@ def run_cell(cfg: AtlasConfig, cell: Cell, the_plan, progress: bool) -> dict:
         "eval_tokens": len(the_plan.splits.eval) * c.seq_len,
         "headline_tokens": n_head * c.seq_len,
         "measured_layers": list(cfg.layers(the_plan.source.n_layers)),
+        "metrics": METRICS,
+        "twins": list(TWINS),
+        "weights": weights,  # what the weights alone predict (measures/weights.py)
+        "ladder": lad,  # the middle layer's directions that matter, by intervention
         "layers": layers,
         "seconds": time.perf_counter() - t0,
         "seconds_parts": parts,
@@ -247,7 +308,7 @@ def run(cfg: AtlasConfig, progress: bool = True, checked: dict | None = None) ->
 def _holds(found: dict, cfg: AtlasConfig, the_plan) -> bool:
     """Whether a finished cell measured every layer this atlas asks of it."""
     wanted = set(cfg.layers(the_plan.source.n_layers))
-    return wanted <= {int(i) for i in found["layers"]}
+    return wanted <= {int(i) for i in found["layers"]} and found.get("metrics") == METRICS
 
 
 def command(cfg: AtlasConfig) -> str:
@@ -286,11 +347,12 @@ def write(cfg: AtlasConfig, cells: list[dict], command: str) -> list[Path]:
 def markdown_of(saved: dict) -> str:
     """atlas.md from what atlas.json holds: its grid, command and cells."""
     from .report import atlas as report
+    from .report import atlas_md
 
     cfg, cells = AtlasConfig(**saved["config"]), saved["cells"]
     measured = {Cell(**c["cell"]) for c in cells}
     missing = [cell.name for cell in cfg.cells() if cell not in measured]
-    return report.markdown(saved["config"], cells, report.rows(cells), saved["command"], missing)
+    return atlas_md.markdown(saved["config"], cells, report.rows(cells), saved["command"], missing)
 
 
 class CellCost(NamedTuple):

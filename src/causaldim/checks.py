@@ -139,7 +139,7 @@ def check(
     if analysis_cfg.profile:
         c, need = main.config, main.pass_memory
         free = int(HEADROOM * memory(device)[1]) - need.weights - c.batch_size * need.per_sequence
-        readings = len(profile.profile_readings(c.logit_probes, c.fisher_probes))
+        readings = profile.sums_per_layer(c.logit_probes, c.fisher_probes)
         blocks = min(analysis_cfg.profile_blocks, len(main.splits.eval))
         resource(
             profile.check_memory,

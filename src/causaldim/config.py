@@ -25,6 +25,7 @@ CONTROLS = (
     "depth",
     "scale",
     "ablation",
+    "nulls",
 )
 ATP_NORMALISATIONS = ("all", "firing")  # what AtP_i is the mean over: every token, or its firings
 
@@ -242,6 +243,13 @@ class AnalysisConfig:
         "Also measure Sigma at every layer in the eval pass (its backward runs on down to "
         "block 0): corrected erank and unbiased PR of each reading against depth.",
     )
+    ladder_sequences: int = option(
+        8,
+        "Held-out sequences (the train split's first, apart from the eval split the "
+        "rankings are fitted on) on which the directions that matter are checked by "
+        "intervention: keep the top k directions of each ranking, mean-ablate the rest, "
+        "measure KL(clean || edited). 0: not checked.",
+    )
     profile_blocks: int = option(
         16,
         "Sequence blocks of the profile's estimates (each layer and reading keeps a d x d "
@@ -319,6 +327,8 @@ class AnalysisConfig:
             raise UsageError(f"--min-firings must be at least 1, got {self.min_firings}")
         if self.bootstrap < 0:
             raise UsageError(f"--bootstrap must be >= 0, got {self.bootstrap}")
+        if self.ladder_sequences < 0:
+            raise UsageError(f"--ladder-sequences must be >= 0, got {self.ladder_sequences}")
         if self.profile_blocks < 2:
             raise UsageError(f"--profile-blocks must be at least 2, got {self.profile_blocks}")
         if self.read_tokens <= 0:

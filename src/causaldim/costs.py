@@ -329,8 +329,14 @@ def estimate(
         "harvest_headline": Work(
             model=2 * (blocks_to_head + cfg.logit_probes * blocks_above) * n_head
         ),
-        "sigma": sigma_work(n_eval, d, probes, direct, debias.FULL)
-        + headline_sigma_work(n_head, d, cfg.logit_probes, debias.FULL),
+        # each output reading raw and activation-weighted (measures/kappa.py): twice
+        "sigma": 2
+        * (
+            sigma_work(n_eval, d, probes, direct, debias.FULL)
+            + headline_sigma_work(n_head, d, cfg.logit_probes, debias.FULL)
+        ),
+        # the head's centred Gram (measures/weights.py)
+        "weights": Work(model=2 * params["head"] * d),
         # the sparse step (sae/sparse.py): the dense encoder product (2 d m a token) and
         # the selection among its m outputs; the rest touches only the kept entries.
         # About 4 d m a token, measured on the default sweep. Imported SAEs train nothing.
@@ -340,9 +346,21 @@ def estimate(
         "analysis": analysis_work(len(sweep.widths) * len(sweep.architectures))
         + digest_work(d, sweep, analysis.reference_width),
     }
+    if analysis.ladder_sequences and cfg.logit_probes:
+        # block L's output once, then the blocks above and the head for the clean pass and
+        # each ranking's every k but the shared k = 0 (measures/ladder.py)
+        from .measures.ladder import ladder_of
+
+        tokens = min(analysis.ladder_sequences, len(the_plan.splits.train)) * seq
+        passes = 1 + 4 * (len(ladder_of(d)) - 1) + 1
+        work["ladder"] = Work(model=2 * (up + passes * above) * tokens)
     work.update(control_work(the_plan, sweep, analysis, work, params))
     if tapped:
-        work["profile"] = len(tapped) * sigma_work(n_eval, d, probes, direct, debias.LIGHT)
+        # the metric pass (a forward to the deepest tapped block), then each layer's
+        # readings raw and activation-weighted
+        deepest = sum(params["per_block"][: max(tapped) + 1])
+        work["metric_pass"] = Work(model=2 * deepest * n_eval)
+        work["profile"] = 2 * len(tapped) * sigma_work(n_eval, d, probes, direct, debias.LIGHT)
     if rates is None:
         rates = calibrate(
             d,
@@ -417,6 +435,6 @@ def memory_plan(
             len(tapped),
             d,
             min(analysis.profile_blocks, len(the_plan.splits.eval)),
-            len(profile.profile_readings(cfg.logit_probes, cfg.fisher_probes)),
+            profile.sums_per_layer(cfg.logit_probes, cfg.fisher_probes),
         ),
     }

@@ -27,10 +27,13 @@ from .harvest import HarvestResult, Plan, Store, harvest, plan
 from .harvest.plan import extension_sequences
 from .lock import held
 from .measures import profile
+from .measures.ladder import ladder
 from .measures.layer import Measurement, measure_layer
 from .measures.score import require_gradients
+from .measures.sigma import HEADLINE
 from .measures.subspace import causal_subspace, shares_of
 from .measures.sweep import SweepEntry, load_entries, splice_evaluation, sweep_saes
+from .measures.weights import predictors
 from .model.load import LoadedModel, load_model
 from .progress import bar as progress_bar
 from .report.render import render
@@ -221,6 +224,20 @@ def _run(
     subspace = causal_subspace(
         out, plans.main.layer, here.sigma, shares_of(here.digests), here.scores, here.analysis
     )
+    t = time.perf_counter()
+    weights = predictors(harvested.load_lm())
+    seconds["weights"] = time.perf_counter() - t
+    ladder_found = None
+    if analysis_cfg.ladder_sequences and HEADLINE in here.sigma:
+        t = time.perf_counter()
+        ladder_found = ladder(
+            harvested.load_lm(),
+            store,
+            here.sigma[HEADLINE],
+            min(analysis_cfg.ladder_sequences, store.manifest["splits"]["train"]["n_sequences"]),
+            cfg.seed,
+        )
+        seconds["ladder"] = time.perf_counter() - t
     profiled = None
     if acc is not None:
         t = time.perf_counter()
@@ -250,6 +267,8 @@ def _run(
         notes=plans.notes,
         rounds=rounds,
         extension=extension.get(plans.main.layer),
+        weights=weights,
+        ladder=ladder_found,
     )
     path = out / "results.json"
     # Figures first; then results.json with the final timings, which the text report shows.

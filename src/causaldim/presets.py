@@ -36,6 +36,7 @@ PRESETS: dict[str, dict] = {
         "blocks": 16,
         "bootstrap": 50,
         "ce_sequences": 4,
+        "ladder_sequences": 2,
         "out": "runs/smoke",
     },
     # The paper's regime on the embedded model, on a CPU in about an hour: the reference
@@ -240,6 +241,12 @@ READ_ONLY_WHEN = {
         None
         if h.logit_probes
         else "only the logits readings read it, and --logit-probes 0 asks for none"
+    ),
+    "ladder_sequences": lambda h, s, a, own: (
+        None
+        if h.logit_probes
+        else "only the headline (logits) reading's ladder reads it, and --logit-probes 0 asks "
+        "for none"
     ),
     "profile_blocks": lambda h, s, a, own: (
         None if a.profile else "only the all-layer profile reads it; add --profile"

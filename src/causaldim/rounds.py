@@ -24,7 +24,8 @@ from .harvest import Plan, Store, harvest
 from .harvest.plan import extension_sequences
 from .harvest.store import MANIFEST, key_digest
 from .harvest.write import EvalObserver, HarvestResult
-from .measures.sigma import HEADLINE, SigmaEstimate, measure
+from .measures.kappa import measure
+from .measures.sigma import HEADLINE, SigmaEstimate
 from .model.corpus import Splits
 
 MARGIN = 1.15  # a round asks this much over the tokens the last estimate said would do
@@ -145,7 +146,8 @@ def until_converged(
     batch = hcfg.batch_size or 1
     while True:
         t = time.perf_counter()
-        est = measure(stores, cfg, seed, device, readings=(HEADLINE,))[HEADLINE]
+        # the stop rule reads the raw headline (the paper's definition) alone
+        est = measure(stores, cfg, seed, device, (HEADLINE,), activation_weighted=False)[HEADLINE]
         tokens = (n_run + done) * seq_len
         rounds.append(
             Round(

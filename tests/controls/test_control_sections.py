@@ -404,6 +404,55 @@ def scale_result():
     }
 
 
+def nulls_result(permuted=(550.0, 545.0, 555.0)):
+    """controls/nulls.py's result: the trained and null kappas in both metrics."""
+
+    def est(v, lo, hi, converged=True):
+        return {
+            "value": v,
+            "interval_95": [lo, hi],
+            "over_d": v / 576,
+            "converged": converged,
+            "n_independent": 5000.0,
+            "eval_tokens_needed": None,
+            "n_tokens": 28_442,
+        }
+
+    def null(kind, raw, act, seed=0):
+        return {
+            "model": f"smollm2-135m:{kind}@{seed}",
+            "null": {"kind": kind, "seed": seed, "what": f"the {kind} null"},
+            "raw": est(*raw),
+            "act": est(*act),
+            "activations_erank": 300.0,
+        }
+
+    return {
+        "layer": 15,
+        "d_model": 576,
+        "reading": "logits",
+        "trained": {
+            "model": "smollm2-135m",
+            "raw": est(467.0, 465.0, 469.0),
+            "act": est(105.0, 100.0, 110.0),
+        },
+        "nulls": {
+            "permuted": null("permuted", permuted, (450.0, 410.0, 490.0)),
+            "init": null("init", (567.0, 565.0, 568.0), (71.5, 39.5, 103.6, False)),
+        },
+    }
+
+
+def test_the_nulls_section_sets_each_null_beside_the_trained_model():
+    md = section("nulls", nulls_result())
+    assert "| model | kappa, raw [95%] | kappa, activation-weighted [95%] |" in md
+    assert "| trained: smollm2-135m | 467 [465, 469], 0.81 d | 105 [100, 110], 0.18 d |" in md
+    assert (
+        "| init: the init null (seed 0) | 567 [565, 568], 0.98 d | "
+        "71.5 [40, 104], 0.12 d (not converged) |" in md
+    )
+
+
 RESULTS = {
     "thresholds": thresholds_result,
     "architectures": architectures_result,
@@ -415,6 +464,7 @@ RESULTS = {
     "depth": depth_result,
     "scale": scale_result,
     "ablation": ablation_result,
+    "nulls": nulls_result,
 }
 
 
@@ -535,6 +585,7 @@ def test_report_controls_gives_each_control_its_heading_figure_and_section(tmp_p
         "### Depth (topk)",
         "### Scale (topk)",
         "### AtP against real ablation (topk)",
+        "### Nulls: untrained networks of the same shape",
     ]
     assert (
         "### Threshold robustness (topk)\n\n"
@@ -997,7 +1048,7 @@ PLOTTED = [name for name in NAMES if get(name).plot is not None]
 
 
 def test_the_controls_without_a_figure():
-    assert sorted(set(NAMES) - set(PLOTTED)) == ["l0"]
+    assert sorted(set(NAMES) - set(PLOTTED)) == ["l0", "nulls"]
 
 
 def assert_png(path: Path) -> None:

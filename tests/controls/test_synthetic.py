@@ -11,8 +11,8 @@ import torch
 from causaldim.config import AnalysisConfig
 from causaldim.controls import synthetic
 from causaldim.controls.synthetic import SyntheticSpec, planted, recovery, synthetic_store
+from causaldim.measures.kappa import measure
 from causaldim.measures.score import atp_scores
-from causaldim.measures.sigma import measure
 from causaldim.sae import SAEConfig, build
 from causaldim.sweep_config import SweepConfig
 

@@ -10,6 +10,7 @@ from causaldim.config import AnalysisConfig
 from causaldim.errors import UsageError
 from causaldim.harvest import harvest
 from causaldim.measures import debias, profile
+from causaldim.measures.kappa import weighted
 from causaldim.measures.sigma import accumulate, estimate, probes_per_token
 
 N_LAYERS = 4
@@ -82,6 +83,23 @@ def test_profile_equals_a_single_layer_run(one_pass, layer):
             pairs = zip(a, b, strict=True) if isinstance(a, list) else [(a, b)]
             assert all(math.isclose(x, y, rel_tol=1e-5) for x, y in pairs), (layer, r, name, a, b)
         assert found[layer][r].n_samples == single.n_samples
+
+
+@pytest.mark.parametrize("layer", [0, 2])
+def test_the_profiles_activation_weighted_twins_equal_the_store_routes(one_pass, layer):
+    """The metric pass's C and the eval pass's rows summed as C^1/2 u give what the store
+    route gives from the store's h and u (float32 rounding apart)."""
+    cfg, _, found, singles, _ = one_pass
+    light = AnalysisConfig(blocks=cfg.profile_blocks)
+    sums = accumulate(singles[layer], light)
+    twins = weighted([singles[layer]], light, sums, 0, budget=debias.LIGHT)
+    assert set(twins) == {"loss", "logits", "logits_uncentred", "fisher"}
+    for r, twin in twins.items():
+        mine = found[layer][r].activation_weighted
+        for name in CHECKED:
+            a, b = mine[name], getattr(twin, name)
+            pairs = zip(a, b, strict=True) if isinstance(a, list) else [(a, b)]
+            assert all(math.isclose(x, y, rel_tol=1e-4) for x, y in pairs), (layer, r, name, a, b)
 
 
 def test_the_profile_pass_reuses_finished_stores(one_pass, tiny_harvest, tmp_path):

@@ -10,7 +10,8 @@ import torch
 from causaldim.config import AnalysisConfig
 from causaldim.harvest import harvest
 from causaldim.harvest.model_pass import fisher_probes_for, gaussian_probes, grads_at
-from causaldim.measures.sigma import BlockSums, accumulate, estimate, measure, spectrum
+from causaldim.measures.kappa import measure
+from causaldim.measures.sigma import BlockSums, accumulate, estimate, spectrum
 from causaldim.model.load import load_model, resolve_model
 
 D = 48
@@ -218,6 +219,10 @@ def test_measure_reports_every_reading_with_intervals(store):
         if reading != "activations":
             lo, hi = est.erank_corrected_95
             assert lo <= est.erank_corrected <= hi and est.converged is not None
+            twin = est.activation_weighted  # the same reading in the activations' metric
+            lo, hi = twin["erank_corrected_95"]
+            assert lo <= twin["erank_corrected"] <= hi and twin["n_samples"] == est.n_samples
+            assert twin["definition"].startswith("erank(C^1/2 ")
         assert est.participation_ratio <= est.erank + 1e-9
         assert est.convergence[-1]["n_samples"] == est.n_samples
         assert set(est.split_half) == {"first", "second"}

@@ -126,6 +126,24 @@ def depth_untestable():
     return make_results(profile=profile(FLAT, converged=False))
 
 
+def with_nulls(results: dict, permuted=(550.0, 545.0, 555.0), init=(560.0, 555.0, 565.0)):
+    """The nulls control's raw readings (value, low, high), converged."""
+
+    def null(v):
+        return {"raw": {"value": v[0], "interval_95": list(v[1:]), "converged": True}}
+
+    results["controls"] = {"nulls": {"nulls": {"permuted": null(permuted), "init": null(init)}}}
+    return results
+
+
+def training_holds():
+    return with_nulls(set_kappa(make_results()))  # 450 [440, 460] against 550 and 560
+
+
+def training_fails():
+    return with_nulls(set_kappa(make_results()), permuted=(470.0, 455.0, 480.0))  # x1.04
+
+
 # -------------------------------------------------------- table B: claims about the estimator
 
 
@@ -252,6 +270,7 @@ CASES = {
     "kappa_spectrum": (spectrum_holds, spectrum_fails, spectrum_untestable),
     "kappa_bound": (bound_holds, bound_fails, bound_untestable),
     "kappa_depth": (depth_holds, depth_fails, depth_untestable),
+    "kappa_training": (training_holds, training_fails, level_holds),  # no nulls measured
     # one run cannot hold or fail these: test_across_runs decides them
     "kappa_text": (None, None, make_results),
     "kappa_scale": (None, None, make_results),
@@ -405,6 +424,37 @@ def test_across_runs():
     )  # not at matched relative depth
 
 
+def null_of(results: dict, kind: str, kappa: float, iv) -> dict:
+    out = set_kappa(copy.deepcopy(results), kappa=kappa, iv=iv)
+    out["inputs"]["model"] = {
+        **out["inputs"]["model"],
+        "name": out["inputs"]["model"]["name"] + f":{kind}",
+        "null": {"kind": kind, "seed": 0},
+    }
+    return out
+
+
+def test_a_model_against_its_nulls_across_runs():
+    trained = run("prose", "m", 300.0, (295, 305))
+    permuted = null_of(trained, "permuted", 480.0, (470, 490))
+    init = null_of(trained, "init", 500.0, (490, 510))
+    held, shown = across("kappa_training", trained, permuted, init)
+    assert held == HOLDS and shown.count(" vs ") == 2
+    near = null_of(trained, "permuted", 310.0, (300, 320))  # x1.03, overlapping
+    assert across("kappa_training", trained, near)[0] == FAILS
+    assert across("kappa_training", trained, run("prose", "other", 480.0, (470, 490)))[0] == (
+        UNTESTABLE  # another model is not a null of this one
+    )
+    # a null is neither another corpus's text nor another model's scale
+    assert (
+        across(
+            "kappa_text", trained, null_of(run("code", "m", 400.0, (395, 405)), "init", 1, (1, 1))
+        )[0]
+        == UNTESTABLE
+    )
+    assert across("kappa_scale", trained, permuted)[0] == UNTESTABLE
+
+
 def test_the_conditions_are_stated_beside_the_papers():
     results = make_results()
     c = conditions(results)
@@ -479,6 +529,54 @@ def test_an_unconverged_direct_kappa_decides_no_estimator_claim():
     results = set_kappa(make_results(), converged=False)
     found, why = verdict(results, "coverage")
     assert found == UNTESTABLE and why == "the direct kappa is n/a (not converged)"
-    assert "This layer's direct kappa: n/a (not converged)." in text(
-        claims_section, results=results
+    assert (
+        "This layer's direct kappa: n/a (not converged); activation-weighted n/a (not measured)."
+        in text(claims_section, results=results)
     )
+
+
+def with_twin(results: dict, kappa: float, iv: tuple[float, float], converged=True) -> dict:
+    """The headline reading's activation-weighted twin."""
+    results["sigma"]["logits"]["activation_weighted"] = {
+        "erank_corrected": kappa,
+        "erank_corrected_95": list(iv),
+        "converged": converged,
+        "participation_ratio_unbiased": kappa / 2,
+        "participation_ratio_unbiased_95": [kappa / 2.2, kappa / 1.8],
+    }
+    return results
+
+
+def test_claims_about_kappa_are_decided_in_both_metrics():
+    """The raw reading meets the paper's level; weighted by the activations the same layer
+    reads 0.17 d, which misses it: each metric's verdict stands on its own."""
+    results = with_twin(level_holds(), 100.0, (95.0, 105.0))
+    (level,) = [c for c in claims(results) if c.key == "kappa_level"]
+    assert level.verdict == HOLDS and level.activation_weighted[1] == FAILS
+    assert "0.17" in level.activation_weighted[0]
+    row = level.to_dict()
+    assert row["act_verdict"] == FAILS and row["literal_verdict"] is not None
+    # without a twin (an older run) the activation-weighted column cannot be decided
+    assert [c for c in claims(level_holds()) if c.key == "kappa_level"][0].activation_weighted[
+        1
+    ] == UNTESTABLE
+    # table B's comparisons with the direct kappa read the twin too
+    (coverage,) = [c for c in claims(results) if c.key == "coverage"]
+    assert coverage.activation_weighted is not None and "100" in coverage.activation_weighted[0]
+    (wedge,) = [c for c in claims(results) if c.key == "wedge_direction"]
+    assert wedge.activation_weighted is None  # not set against the direct kappa
+
+
+def test_the_level_row_says_when_a_null_gives_the_same_level():
+    _, reason = verdict(training_holds(), "kappa_level")
+    assert "meets it too: an untrained network gives this level" in reason
+    far = with_nulls(
+        set_kappa(make_results()), permuted=(200.0, 190.0, 210.0), init=(150.0, 140.0, 160.0)
+    )
+    assert "untrained" not in verdict(far, "kappa_level")[1]
+
+
+def test_training_needs_converged_nulls():
+    results = training_holds()
+    results["controls"]["nulls"]["nulls"]["init"]["raw"]["converged"] = False
+    assert verdict(results, "kappa_training") == (UNTESTABLE, "the init null(s) did not converge")

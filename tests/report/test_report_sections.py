@@ -34,9 +34,9 @@ from causaldim.report.sections import (
     headline,
     provenance,
     summary,
-    sweeps,
     title,
 )
+from causaldim.report.sweep_sections import sweeps
 from causaldim.sweep_config import SweepConfig
 
 D = 576
@@ -637,7 +637,7 @@ def test_a_sweep_whose_counts_do_not_grow_gives_no_kappa_hat_but_the_reason():
     assert "| kappa_hat [95% CI over the tokens] | not estimable | 1,990 [545, 5,130] |" in md
     assert "| kappa_hat / d | n/a | 0.86 |" in md
     assert "kappa_hat = 433" not in md and "Constrained to kappa <= d" not in md
-    assert summary(results).splitlines()[1] == f"kappa_hat: not estimable ({reason})"
+    assert summary(results).splitlines()[2] == f"kappa_hat: not estimable ({reason})"
 
 
 def test_sweeps_diagnose_the_estimator_and_the_splits():
@@ -741,8 +741,8 @@ def test_missing_values_render_as_na():
     )
     assert "| hyperbolic | 433 | [n/a] | 19.87 | 9.87 | 9,880 | n/a |  |" in md
     assert (
-        "| fisher | erank(E[J^T (diag p - p p^T) J]) | 232 [n/a] | 0.403 | 79.9 | [n/a] | 210.9 | "
-        "1,638 | 8,192 |" in md
+        "| fisher | raw | erank(E[J^T (diag p - p p^T) J]) | 232 [n/a] | 0.403 | 79.9 | [n/a] | "
+        "210.9 | 1,638 | 8,192 |" in md
     )
     assert "nan" not in md
 
@@ -752,18 +752,26 @@ def test_direct_sigma_tabulates_every_reading_with_its_warning():
     md = text(direct_sigma, results=make_results(), figures=figures)
     assert "## Direct Sigma" in md
     assert (
-        "| reading | erank of | erank (corrected) [95%] | /d | PR (U-stat.) | 95% CI | "
+        "| reading | metric | erank of | erank (corrected) [95%] | /d | PR (U-stat.) | 95% CI | "
         "erank (plug-in) | independent | tokens | samples | warning |"
     ) in md
     assert (
-        "| loss | erank(E[g g^T]), g = dLoss/dh | 136 [121, 145] | 0.236 | 54.7 | [50, 59] | "
+        "| loss | raw | erank(E[g g^T]), g = dLoss/dh | 136 [121, 145] | 0.236 | 54.7 | [50, 59] | "
         "123.4 | 1,638 | 8,192 | 8,192 |  |"
     ) in md
-    assert "| fisher | erank(E[J^T (diag p - p p^T) J]) | 232 [219, 253] |" in md
+    assert "| fisher | raw | erank(E[J^T (diag p - p p^T) J]) | 232 [219, 253] |" in md
     assert "| not converged: erank changed |" in md
     assert (
-        "| activations | erank(Cov[h]) | n/a | n/a | n/a | [n/a] | 301.2 | n/a | 8,192 | 8,192 |  |"
+        "| activations | raw | erank(Cov[h]) | n/a | n/a | n/a | [n/a] | 301.2 | n/a | 8,192 | "
+        "8,192 |  |"
     ) in md
+    assert "activation-weighted" not in md  # an older run: no twins, no words for them
+    twin = {**make_results()["sigma"]["logits"], "definition": "erank(C^1/2 S C^1/2)"}
+    results = make_results()
+    results["sigma"]["logits"]["activation_weighted"] = twin
+    weighted = text(direct_sigma, results=results)
+    assert "| logits | act | erank(C^1/2 S C^1/2) |" in weighted
+    assert "The activation-weighted one, kappa_act" in weighted
     assert "50.0% of the uncentred reading's trace lies along the shift of all logits" in md
     assert md.index("| loss |") < md.index("| logits |") < md.index("| activations |")
     assert "![sigma](f/sigma.png)" in md
@@ -804,17 +812,17 @@ def test_provenance_of_a_hub_model_a_reused_store_ray_and_no_ce():
 def test_sigma_table_lists_every_reading_and_its_warning():
     table = sigma_table(make_results()).splitlines()
     assert table[0].split() == [
-        *("reading", "erank", "95%", "interval", "/d", "PR"),
+        *("reading", "metric", "erank", "95%", "interval", "/d", "PR"),
         *("plug-in", "indep./d", "converged", "tokens"),
     ]
     assert table[1].split() == [
-        *("loss", "136", "[", "121.2,", "145.0]", "0.236", "54.7"),
+        *("loss", "raw", "136", "[", "121.2,", "145.0]", "0.236", "54.7"),
         *("123.4", "2.8", "yes", "8,192"),
     ]
     assert table[3].startswith("logits_uncentred ")
     assert table[4].startswith("fisher ")
     assert table[5] == "  warning: not converged: erank changed"
-    assert table[6].split()[:5] == ["activations", "n/a", "n/a", "n/a", "n/a"]
+    assert table[6].split()[:5] == ["activations", "raw", "n/a", "n/a", "n/a"]
     assert table[7].startswith("direct kappa: the logits reading, erank(E[J^T (I - 11^T/V) J])")
     assert len(table) == 8
 
@@ -843,6 +851,7 @@ def test_summary_is_the_few_lines_printed_at_the_end():
     assert summary(make_results()).splitlines() == [
         "topk sweep 1024..4096: N_repr x3.78, N_causal x7.34 over x4 in width (AtP over all "
         "tokens; over firing tokens: x7.34); epsilon 3.21e-05",
+        "direct kappa (logits): raw 258 [242, 275], 0.45 d",
         "kappa_hat 433 [311, 698] (hyperbolic, by AICc), kappa_hat/d 0.75, coverage 69.6%; "
         "constrained to d: 433 [311, 576]",
         *conditions_lines(make_results()),
@@ -851,9 +860,10 @@ def test_summary_is_the_few_lines_printed_at_the_end():
     ]
     results = make_results()
     results["sweep"]["topk"]["cautions"] = []
-    assert len(summary(with_warnings(results)).splitlines()) == 4  # sweep, kappa_hat, conditions
+    # sweep, direct kappa, kappa_hat, conditions
+    assert len(summary(with_warnings(results)).splitlines()) == 5
     lines = summary(without_bootstrap()).splitlines()
-    assert "[n/a]" in lines[1] and "coverage n/a" in lines[1]
+    assert "[n/a]" in lines[1] and "coverage n/a" in lines[1]  # no logit probes: no direct line
 
 
 def test_build_report_puts_the_sections_in_order():
@@ -1056,7 +1066,7 @@ def test_a_corrected_erank_below_the_floor_is_not_given_as_a_value():
     results = make_results()
     results["sigma"]["logits"] = est
     (row,) = [r for r in sigma_table(results).splitlines() if r.startswith("logits ")]
-    assert row.split()[1:3] == ["n/a", "n/a"]
+    assert row.split()[1:4] == ["raw", "n/a", "n/a"]
     (line,) = lines_with(text(direct_sigma, results=results, figures={}), "| logits |")
     assert line.count("n/a") >= 2 and f"{1.1 * 223.0 / D:.3f}" not in line  # no /d either
     assert f"{1.1 * 223.0 / D:.2f} d" not in text(headline, results=results)

@@ -28,8 +28,8 @@ from ..config import AnalysisConfig
 from ..harvest.store import Store, write_store
 from ..measures.analysis import analyze
 from ..measures.digest import digest
+from ..measures.kappa import measure
 from ..measures.score import atp_scores
-from ..measures.sigma import measure
 from ..measures.sweep import load_entries, run_sweep
 from ..paper import SYNTHETIC_RECALL
 from ..report.doc import Doc

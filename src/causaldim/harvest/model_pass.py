@@ -62,16 +62,22 @@ def head_probes(lm: LoadedModel, chunk: int = 16_384) -> HeadProbes | None:
     return _factor(lm.model.get_output_embeddings().weight.detach(), chunk)
 
 
-def _factor(w: torch.Tensor, chunk: int = 16_384) -> HeadProbes:
-    """HeadProbes of a linear head's weight [V, d]."""
+def centred_gram(w: torch.Tensor, chunk: int = 16_384) -> tuple[torch.Tensor, torch.Tensor]:
+    """W^T P W (P centring over the rows) in float64, and the rows' sum, of a head's
+    weight [V, d]; chunked, so that no float64 copy of the whole head is made."""
     d = w.shape[1]
     gram = torch.zeros(d, d, dtype=torch.float64, device=w.device)
     ones = torch.zeros(d, dtype=torch.float64, device=w.device)
-    for rows in w.split(chunk):  # no float64 copy of the whole head
+    for rows in w.split(chunk):
         rows = rows.double()
         gram += rows.T @ rows
         ones += rows.sum(0)
-    centred = gram - torch.outer(ones, ones) / len(w)
+    return gram - torch.outer(ones, ones) / len(w), ones
+
+
+def _factor(w: torch.Tensor, chunk: int = 16_384) -> HeadProbes:
+    """HeadProbes of a linear head's weight [V, d]."""
+    centred, ones = centred_gram(w, chunk)
     values, vectors = torch.linalg.eigh(centred)
     factor = vectors * values.clamp_min(0).sqrt()
     return HeadProbes(factor.float(), ones.float(), len(w))

@@ -38,10 +38,19 @@ class EvalObserver(Protocol):
     every layer): tapping them makes the backward run on down to the lowest."""
 
     layers: tuple[int, ...]
+    # whether it wants a forward pass over the eval sequences before the eval pass (the
+    # activations' covariance, by which it weighs the eval pass's rows)
+    wants_forward: bool
 
     def add(self, layer: int, rows: dict[str, torch.Tensor]) -> None:
         """One batch's rows at `layer` as a store would hold them (h, g, u_logits,
         u_shift, u_fisher, token, pos, seq, outlier; flat over tokens), on the pass's device."""
+
+    def add_forward(self, layer: int, rows: dict[str, torch.Tensor]) -> None:
+        """The forward pass's rows at `layer`: h, pos, outlier."""
+
+    def forward_done(self) -> None:
+        """The forward pass is over."""
 
 
 class _OutlierStats:
@@ -151,6 +160,10 @@ def harvest(
         for i in missing
     }
 
+    if observer is not None and observer.wants_forward:
+        t = time.perf_counter()
+        _metric_pass(lm, p.splits.eval, observer, thresholds, cfg.batch_size, progress)
+        seconds["metric"] = time.perf_counter() - t
     for name, seqs in (("eval", p.splits.eval), ("train", p.splits.train)):
         if name == "train" and (not missing or eval_round is not None):
             continue
@@ -320,6 +333,24 @@ def _harvest_split(
         if name == "eval" and n_pred:
             info["mean_loss"] = loss_sum / n_pred
         outputs[i].splits[name] = info
+
+
+def _metric_pass(
+    lm, seqs, observer: EvalObserver, thresholds: dict[int, float], batch_size: int, progress
+) -> None:
+    """A forward pass over the eval sequences for the observer's layers, each row's
+    outlier flag as the eval pass sets it: what weighs the eval pass's rows."""
+    bar = progress_bar(desc="metric pass", total=seqs.numel(), unit="tok", enabled=progress)
+    for start in range(0, len(seqs), batch_size):
+        ids = seqs[start : start + batch_size]
+        pos = torch.arange(ids.shape[1], dtype=torch.int32).repeat(len(ids))
+        for i, h in residuals_at(lm, observer.layers, ids).items():
+            h = h.flatten(0, 1)
+            outlier = (pos == 0) | (h.float().norm(dim=-1).cpu() > thresholds[i])
+            observer.add_forward(i, {"h": h, "outlier": outlier.to(h.device)})
+        bar.update(ids.numel())
+    bar.close()
+    observer.forward_done()
 
 
 def _check_finite(stage: str, first_seq: int, *tensors: torch.Tensor) -> None:

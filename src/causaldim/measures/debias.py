@@ -49,6 +49,7 @@ percent high at n_eff / d of 2). Its interval is the same jackknife's.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -202,11 +203,15 @@ def correct(
     seed: int,
     budget: Budget = FULL,
     floor: float = REPORT_FLOOR,
+    observed_of: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> Correction:
     """The corrected erank, its interval and convergence, and the unbiased PR, from one
     reading's per-block sums of u u^T [blocks, d, d] and sample counts [blocks]; below
     `floor` independent equivalents per dimension, only the cheap part (how many, and how
-    many sequences would do): no value is given there."""
+    many sequences would do): no value is given there. observed_of(block weights), where
+    given, is the matrix whose spectrum the blocks give (default: their weighted sum): a
+    reading whose metric is itself estimated from the blocks (weighted.py) re-estimates
+    it in every jackknife replicate and half, so its error enters the interval."""
     blocks, d = block_sums.shape[0], block_sums.shape[-1]
     device = block_sums.device
     sums = block_sums.double()
@@ -229,7 +234,8 @@ def correct(
 
     def estimate(weights: torch.Tensor, start=None, iterations=budget.iterations, draws=None):
         w = weights.to(device).double()
-        observed = torch.linalg.eigvalsh(torch.einsum("b,bij->ij", w, sums))
+        matrix = torch.einsum("b,bij->ij", w, sums) if observed_of is None else observed_of(w)
+        observed = torch.linalg.eigvalsh(matrix.double().to(device))
         draws = budget.draws if draws is None else min(draws, budget.draws)
         qs = [torch.einsum("b,bij->ij", w.float(), q[j]).double() for j in range(draws)]
         return deconvolve(observed, qs, start, iterations), qs

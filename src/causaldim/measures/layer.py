@@ -30,8 +30,8 @@ from ..sweep_config import SweepConfig
 from .analysis import analyze
 from .diagnose import imported_l0_spread
 from .digest import DecoderDigest, digest, digest_path, load_digest, save_digest
+from .kappa import measure, other_outlier_choice
 from .score import ScoreJob, Scores, load_scores, score_job
-from .sigma import measure, other_outlier_choice
 from .splice import block_outputs
 from .subspace import basis_of
 from .sweep import SweepEntry, drop_weights, load_entry, splice_evaluation, sweep_saes
@@ -48,7 +48,7 @@ class Measurement(NamedTuple):
     analysis: dict[str, dict]
     ce: dict | None
     replicates: list[SweepEntry] = []  # the same widths trained again (--sae-seeds)
-    # each direct reading with the other choice of outliers (sigma.other_outlier_choice)
+    # each direct reading with the other choice of outliers (kappa.other_outlier_choice)
     other_outliers: dict | None = None
 
     def sigma_dicts(self) -> dict:

@@ -27,7 +27,6 @@ import torch
 
 from ..config import AnalysisConfig
 from ..harvest.store import Store, block_of, n_blocks
-from ..progress import bar
 from ..threads import parallel_map
 from . import debias
 from .debias import n_eff
@@ -88,7 +87,10 @@ class BlockSums:
         device="cpu",
         dtype=torch.float64,
         seq_len: int = 1,
+        transform: torch.Tensor | None = None,
     ):
+        # symmetric [d, d]: each sample x is summed as transform @ x (weighted.py's metric)
+        self.transform = None if transform is None else transform.to(device, torch.float32)
         self.xx = torch.zeros(blocks, d, d, dtype=dtype, device=device)
         self.x = torch.zeros(blocks, d, dtype=dtype, device=device) if centred else None
         self.n = torch.zeros(blocks, dtype=torch.float64, device="cpu")
@@ -107,6 +109,8 @@ class BlockSums:
         """x [n, d], or [n, K, d] for K probes (each its own stream along the sequence);
         seq and pos [n] (default: each row a sequence of its own)."""
         x = x.to(self.xx.device, torch.float32)
+        if self.transform is not None:
+            x = x @ self.transform
         x3 = x if x.dim() == 3 else x[:, None]
         flat = x3.reshape(-1, x3.shape[-1])
         self.xx[block] += (flat.T @ flat).to(self.xx.dtype)
@@ -190,6 +194,9 @@ class SigmaEstimate(NamedTuple):
     participation_ratio_unbiased_95: list[float] | None
     # logits_uncentred only: the share of its trace along the shift of all logits
     common_mode_share: float | None = None
+    # the same reading in the activations' metric, erank(Cov_h^1/2 Sigma Cov_h^1/2)
+    # (weighted.py): this estimate's fields, as a dict
+    activation_weighted: dict | None = None
     # `warning`'s parts, each with a stable code: [[code, message], ...]
     cautions: list | None = None
     # columns, in the order of `eigenvalues`: the basis of the causal subspace (saved by
@@ -216,22 +223,34 @@ def accumulate(
     stores = store if isinstance(store, list) else [store]
     readings = readings or tuple(available(stores[0]))
     sums = {}
-    by_parts: dict[tuple[int, ...], list[str]] = {}
-    for r in readings:
-        parts = tuple(i for i, s in enumerate(stores) if r in available(s))
-        by_parts.setdefault(parts, []).append(r)
-    for parts, group in by_parts.items():
-        sums.update(_accumulate([stores[i] for i in parts], cfg, group, device, include_outliers))
+    for parts, group in by_parts(stores, readings).items():
+        sums.update(accumulate_parts(parts, cfg, group, device, include_outliers))
     return {r: sums[r] for r in readings}
 
 
-def _accumulate(stores: list[Store], cfg, readings, device, include_outliers) -> dict:
+def by_parts(stores: list[Store], readings) -> dict[tuple[Store, ...], list[str]]:
+    """The readings grouped by the stores that hold their fields (each group is read as
+    one eval split, cut into its own blocks)."""
+    groups: dict[tuple[Store, ...], list[str]] = {}
+    for r in readings:
+        groups.setdefault(tuple(s for s in stores if r in available(s)), []).append(r)
+    return groups
+
+
+def accumulate_parts(
+    stores: tuple[Store, ...], cfg, readings, device, include_outliers=None, transform=None
+) -> dict:
+    """{reading: BlockSums} of these stores read as one eval split (transform: summed
+    as transform @ x)."""
     first = stores[0]
     d, seq_len = first.d_model, first.manifest["seq_len"]
     sizes = [s.manifest["splits"]["eval"]["n_sequences"] for s in stores]
     n_sequences = sum(sizes)
     blocks = n_blocks(n_sequences, cfg.blocks)
-    sums = {r: BlockSums(d, blocks, r == "activations", device, seq_len=seq_len) for r in readings}
+    sums = {
+        r: BlockSums(d, blocks, r == "activations", device, seq_len=seq_len, transform=transform)
+        for r in readings
+    }
     read = tuple(dict.fromkeys([f for r in readings for f in READINGS[r]] + ["seq", "pos"]))
     drop = not (cfg.include_outliers if include_outliers is None else include_outliers)
     offset = 0
@@ -297,10 +316,13 @@ def estimate(
     probes_per_token: int = 1,
     budget: debias.Budget = debias.FULL,
     floor: float = debias.REPORT_FLOOR,
+    observed_of=None,
+    definition: str | None = None,
 ) -> SigmaEstimate:
     """Eigenvalues and erank of the plug-in, and the finite-sample correction within
     `budget`: the corrected erank with its interval, whether it converged, the PR (none
-    below `floor` independent equivalents per dimension, where the report gives none)."""
+    below `floor` independent equivalents per dimension, where the report gives none).
+    observed_of and definition: those of a reading in another metric (weighted.py)."""
     d = sums.xx.shape[-1]
     n_samples = int(sums.n.sum())
     values, vectors = torch.linalg.eigh(sums.matrix())
@@ -313,7 +335,7 @@ def estimate(
     fix, needed = None, None
     if sums.x is None and n_samples:
         samples = sums.samples()
-        fix = debias.correct(sums.xx, sums.n, samples, seed, budget, floor)
+        fix = debias.correct(sums.xx, sums.n, samples, seed, budget, floor, observed_of)
         if not fix.converged:
             needed = math.ceil(tokens * fix.sequences_needed / samples.n_sequences)
     warnings = []  # (code, message)
@@ -347,7 +369,7 @@ def estimate(
         )
     return SigmaEstimate(
         reading,
-        DEFINITIONS[reading],
+        definition or DEFINITIONS[reading],
         tokens,
         n_samples,
         n_samples / d,
@@ -391,62 +413,6 @@ def with_common_mode(estimates: dict[str, SigmaEstimate], sums: dict[str, BlockS
         **estimates,
         "logits_uncentred": estimates["logits_uncentred"]._replace(common_mode_share=share),
     }
-
-
-def measure(
-    store: Store | list[Store],
-    cfg: AnalysisConfig | None = None,
-    seed: int = 0,
-    device="cpu",
-    progress: bool = False,
-    readings: tuple[str, ...] | None = None,
-) -> dict:
-    """The readings the store holds (default: all): {reading: SigmaEstimate}; the sums
-    and their eigendecompositions on device. A list of stores is read as one eval split."""
-    cfg = cfg or AnalysisConfig()
-    sums = accumulate(store, cfg, readings, device=device)
-    first = _first(store)
-    probes = probes_per_token(first.manifest["key"])
-    order = available(first)  # each reading's seed as when all are measured
-    found = {
-        reading: estimate(reading, s, cfg, seed + order.index(reading), probes.get(reading, 1))
-        for reading, s in bar(sums.items(), desc="direct Sigma", unit="reading", enabled=progress)
-    }
-    return with_common_mode(found, sums)
-
-
-def other_outlier_choice(
-    store: Store | list[Store], cfg: AnalysisConfig, seed: int = 0, device="cpu"
-) -> dict:
-    """Each uncentred reading's corrected erank from the same eval tokens with the other
-    choice of outliers (position 0 and large-norm tokens kept if the run leaves them out,
-    or left out if it keeps them), within debias.LIGHT: how much the choice moves kappa."""
-    first = _first(store)
-    include = not cfg.include_outliers
-    order = available(first)
-    readings = tuple(r for r in order if r != "activations")
-    sums = accumulate(store, cfg, readings, device, include_outliers=include)
-    probes = probes_per_token(first.manifest["key"])
-    found = {}
-    for reading, s in sums.items():
-        e = estimate(
-            reading, s, cfg, seed + order.index(reading), probes.get(reading, 1), debias.LIGHT
-        )
-        found[reading] = {
-            "outliers": "kept" if include else "left out",
-            "n_tokens": e.n_tokens,
-            "erank_corrected": e.erank_corrected,
-            "erank_corrected_95": e.erank_corrected_95,
-            "erank": e.erank,
-            "n_independent": e.n_independent,
-            "converged": e.converged,
-        }
-    return found
-
-
-def _first(store: Store | list[Store]) -> Store:
-    """The run's own store, of a store or a run's store and its rounds."""
-    return store[0] if isinstance(store, list) else store
 
 
 def available(store: Store) -> list[str]:

@@ -23,6 +23,7 @@ from torch import nn
 from .. import hub
 from ..errors import UsageError
 from ..fileio import atomic_write_json, cache_dir, sha256_file
+from .nulls import Null, initialised, permute_, split_null
 
 CONVERTED_MARK = "converted-from.json"  # written last: a folder without it is unfinished
 CONVERTED_HASHED = ("model.safetensors", "config.json")  # checked before each use
@@ -129,6 +130,7 @@ class ModelSource(NamedTuple):
     config: object  # transformers.PretrainedConfig
     trust_remote_code: bool = False
     gguf_origin: str | None = None  # the GGUF file a converted folder was made from
+    null: Null | None = None  # MODEL:permuted or MODEL:init (nulls.py): not the trained model
 
     @property
     def converted(self) -> bool:
@@ -172,6 +174,9 @@ class LoadedModel(NamedTuple):
 def describe_model(name: str) -> str:
     """The model as a reader should know it: what the embedded name stands for, or a GGUF
     file's de-quantisation."""
+    base, null = split_null(name)
+    if null is not None:
+        return f"{describe_model(base)}, {null.describe()}"
     if name in EMBEDDED:
         return EMBEDDED[name].description
     if name.endswith(".gguf"):
@@ -205,8 +210,12 @@ def resolve_model(
 ) -> ModelSource:
     """Find a model and read its config (cheap); UsageError if it cannot be found. With
     shape_only (a dry run), a known hub model that cannot be reached is planned from its
-    known shape."""
+    known shape. MODEL:permuted and MODEL:init name the model's nulls (nulls.py)."""
     from transformers import AutoConfig
+
+    base, null = split_null(name)
+    if null is not None:
+        return resolve_model(base, trust_remote_code, shape_only)._replace(name=name, null=null)
 
     def read(path: str, gguf_file: str | None, kind: str, origin=None, **extra) -> ModelSource:
         kw = {"trust_remote_code": trust_remote_code, **extra}
@@ -306,7 +315,10 @@ def decoder_layers(model: nn.Module, path: str) -> nn.ModuleList:
 
 
 def fingerprint(source: ModelSource) -> dict:
-    """Identity of the weights: file hashes for local files, the commit for hub models."""
+    """Identity of the weights: file hashes for local files, the commit for hub models;
+    a null's kind and seed beside them."""
+    if source.null is not None:
+        return {**fingerprint(source._replace(null=None)), "null": source.null.to_dict()}
     if source.kind in ("hub", "known-shape"):
         return {"hub_id": source.path, "revision": getattr(source.config, "_commit_hash", None)}
     folder = Path(source.path)
@@ -419,17 +431,26 @@ def load_model(
 
     from ..progress import third_party_bars
 
+    null = source.null
     convert = source.gguf_file is not None and source.gguf_origin is not None
-    with third_party_bars(progress):
-        model = AutoModelForCausalLM.from_pretrained(
-            source.path,
-            dtype=torch.float32 if convert else getattr(torch, dtype),
-            **source._load_kwargs(),
+    if null is not None and null.kind == "init":  # no weights read
+        model = initialised(
+            source.config, null.seed, getattr(torch, dtype), source.trust_remote_code
         )
+        convert = False
+    else:
+        with third_party_bars(progress):
+            model = AutoModelForCausalLM.from_pretrained(
+                source.path,
+                dtype=torch.float32 if convert else getattr(torch, dtype),
+                **source._load_kwargs(),
+            )
     tokenizer = load_tokenizer(source)
     if convert:
         _convert(source, model, tokenizer)
         model = model.to(getattr(torch, dtype))
+    if null is not None and null.kind == "permuted":
+        permute_(model, null.seed)
     model.to(device).eval().requires_grad_(False)
     layers = decoder_layers(model, layers_path_for(source, layers_path))
     return LoadedModel(source, model, tokenizer, layers)

@@ -26,6 +26,10 @@ def collect(results: dict, notes: list | tuple = ()) -> list[dict]:
         for code, message in est.get("cautions") or []:
             severity = CAUTION if reading == HEADLINE else NOTE
             out.append(_item(f"direct.{reading}.{code}", f"{reading}: {message}", severity))
+        twin = est.get("activation_weighted") or {}
+        for code, message in twin.get("cautions") or []:  # notes: the headline is raw
+            where = f"{reading} (activation-weighted)"
+            out.append(_item(f"direct.{reading}.act.{code}", f"{where}: {message}", NOTE))
     out += _left_out(results)
     arch = results["headline"]["architecture"]
     for name, a in results.get("sweep", {}).items():

@@ -27,17 +27,35 @@ TITLES = {
 def claims(results: dict) -> list[Claim]:
     """Every claim of both tables, decided on this run, table A first."""
 
-    def row(rule: Rule, table: str, decided: tuple, literal: tuple | None = None) -> Claim:
+    def row(
+        rule: Rule, table: str, decided: tuple, literal: tuple | None = None, act=None
+    ) -> Claim:
         shown, verdict, reason = decided
         paper = rule.paper(results["paper"])
-        return Claim(rule.key, table, rule.claim, paper, shown, rule.test, verdict, reason, literal)
+        return Claim(
+            rule.key, table, rule.claim, paper, shown, rule.test, verdict, reason, literal, act
+        )
 
     return [
         *(
-            row(r, KAPPA, r.decide(results, HEADLINE), r.decide(results, claims_kappa.LITERAL))
+            row(
+                r,
+                KAPPA,
+                r.decide(results, HEADLINE),
+                r.decide(results, claims_kappa.LITERAL),
+                r.decide(results, claims_kappa.ACT),
+            )
             for r in RULES[KAPPA]
         ),
-        *(row(r, ESTIMATOR, r.decide(results)) for r in RULES[ESTIMATOR]),
+        *(
+            row(
+                r,
+                ESTIMATOR,
+                r.decide(results),
+                act=r.decide(results, "act") if r.key in claims_sae.BOTH_METRICS else None,
+            )
+            for r in RULES[ESTIMATOR]
+        ),
     ]
 
 

@@ -43,21 +43,36 @@ def claims_tables(doc: Doc, results: dict | None, found: list, level: int) -> No
         counts = ", ".join(f"{sum(c.verdict == v for c in rows)} {v}" for v in VERDICTS)
         doc.h(level, f"{'A' if table == KAPPA else 'B'}. {TITLES[table]}")
         if table == KAPPA:
+            act = ", ".join(
+                f"{sum((c.activation_weighted or ('', '', ''))[1] == v for c in rows)} {v}"
+                for v in VERDICTS
+            )
             doc.p(
                 "Decided by the direct kappa, the corrected erank of the gauge-invariant "
-                "E[J^T (I - 11^T/V) J] with its 95% interval; the paper's literal E[J^T J] "
-                "(which also counts the shift of all logits, which no prediction sees) is "
-                f"decided by the same rule beside it. The SAE route decides none of these. "
-                f"Gauge-invariant verdicts: {counts}."
+                "E[J^T (I - 11^T/V) J] with its 95% interval, in the raw coordinates of the "
+                "residual (the paper's definition); beside it the same rule on the same "
+                "reading weighted by the activations, erank(C^1/2 Sigma C^1/2), which no "
+                "linear map of the residual changes, and on the paper's literal E[J^T J] "
+                "(which also counts the shift of all logits, which no prediction sees). The "
+                f"SAE route decides none of these. Raw verdicts: {counts}; "
+                f"activation-weighted: {act}."
             )
             doc.table(
-                ["claim", "paper", "test", "gauge-invariant reading (decides)", "literal E[J^T J]"],
+                [
+                    "claim",
+                    "paper",
+                    "test",
+                    "raw, gauge-invariant (decides)",
+                    "activation-weighted",
+                    "literal E[J^T J]",
+                ],
                 [
                     [
                         c.claim,
                         c.paper,
                         c.test,
                         _verdict_cell(c.this_run, c.verdict, c.reason),
+                        _verdict_cell(*c.activation_weighted) if c.activation_weighted else "",
                         _verdict_cell(*c.literal) if c.literal else "",
                     ]
                     for c in rows
@@ -65,10 +80,24 @@ def claims_tables(doc: Doc, results: dict | None, found: list, level: int) -> No
             )
             continue
         context = "" if results is None else estimator_context(results)
-        doc.p(f"{context}Verdicts: {counts}.")
+        doc.p(
+            f"{context}Verdicts: {counts}. The rows that set the SAE route against the direct "
+            "kappa are decided against the activation-weighted kappa too: AtP (activation "
+            "times gradient) weighs directions as it does."
+        )
         doc.table(
-            ["claim", "paper", "this run", "test", "verdict"],
-            [[c.claim, c.paper, c.this_run, c.test, f"**{c.verdict}**: {c.reason}"] for c in rows],
+            ["claim", "paper", "this run", "test", "verdict", "against kappa_act"],
+            [
+                [
+                    c.claim,
+                    c.paper,
+                    c.this_run,
+                    c.test,
+                    f"**{c.verdict}**: {c.reason}",
+                    _verdict_cell(*c.activation_weighted) if c.activation_weighted else "",
+                ]
+                for c in rows
+            ],
         )
 
 
@@ -81,7 +110,10 @@ def estimator_context(results: dict) -> str:
     kappa, kappa_hat's whole uncertainty and the count the calibration fixes."""
     a = headline_sweep(results)
     syn = (results.get("controls") or {}).get("synthetic") or {}
-    parts = [f"This layer's direct kappa: {direct_text(results)}."]
+    parts = [
+        f"This layer's direct kappa: {direct_text(results)}; activation-weighted "
+        f"{direct_text(results, 'act')}."
+    ]
     if syn.get("k"):
         parts.append(
             f"The synthetic model's known kappa: {syn['k']} (the direct erank reads "
@@ -109,10 +141,10 @@ def across_section(doc: Doc, runs: list[tuple[str, dict]], level: int = 2) -> No
 
 
 def atlas_section(doc: Doc, path: Path, level: int = 2) -> None:
-    """The claims an atlas answers (report/atlas.claims: the claims tables' rules at each
+    """The claims an atlas answers (report/atlas_md.claims: the claims tables' rules at each
     cell's middle layer), from its atlas.json."""
     from ..fileio import read_sealed_json
-    from .atlas import claims
+    from .atlas_md import claims
 
     path = path / "atlas.json" if path.is_dir() else path
     atlas = read_sealed_json(path, "atlas")

@@ -28,14 +28,30 @@ from .verdicts import (
 )
 
 LITERAL = "logits_uncentred"  # the paper's E[J^T J], shift direction included
-READINGS = {HEADLINE: "gauge-invariant E[J^T (I - 11^T/V) J]", LITERAL: "literal E[J^T J]"}
+ACT = f"{HEADLINE}@act"  # the headline reading in the activations' metric (kappa_act)
+READINGS = {
+    HEADLINE: "gauge-invariant E[J^T (I - 11^T/V) J]",
+    LITERAL: "literal E[J^T J]",
+    ACT: "activation-weighted erank(C^1/2 Sigma C^1/2)",
+}
+TRAINED_APART = 1.1  # "training sets kappa": trained and null kappas apart by at least this
 TEXT_MOVES = 1.1  # "kappa follows the text": corpora's kappas apart by at least this factor
 MATCHED_DEPTH = 0.05  # runs of two models count as matched if relative depths differ by less
 
 
+def of_reading(sigma: dict, reading: str) -> dict | None:
+    """A reading's estimate from results.json's sigma (or a profile layer's): READING, or
+    READING@act for its activation-weighted twin."""
+    base, _, metric = reading.partition("@")
+    est = sigma.get(base)
+    return (est or {}).get("activation_weighted") if metric == "act" else est
+
+
 def _estimate(results: dict, reading: str) -> tuple[dict | None, str | None]:
     """The reading's estimate, or why a rule cannot use it."""
-    est = (results.get("sigma") or {}).get(reading)
+    est = of_reading(results.get("sigma") or {}, reading)
+    if not est and reading == ACT and (results.get("sigma") or {}).get(HEADLINE):
+        return None, "no activation-weighted reading (measured before causaldim had it)"
     if not est:
         return None, f"no {reading} reading (--logit-probes 0)"
     if not finite(est.get("erank_corrected"), *(est.get("erank_corrected_95") or [None])):
@@ -65,7 +81,76 @@ def level(results: dict, reading: str) -> Decided:
         meets(over_d, low, high),
         f"kappa / d's interval {ci(over_d, 2)} "
         + ("meets" if meets(over_d, low, high) else "misses")
-        + f" [{low:.2f}, {high:.2f}]",
+        + f" [{low:.2f}, {high:.2f}]"
+        + null_level(results, reading, low, high),
+    )
+
+
+def null_estimates(results: dict, reading: str) -> dict[str, dict]:
+    """The nulls control's converged estimates in the reading's metric, by kind."""
+    c = (results.get("controls") or {}).get("nulls") or {}
+    metric = "act" if reading == ACT else "raw"
+    if reading not in (HEADLINE, ACT):
+        return {}
+    found = {}
+    for kind, n in (c.get("nulls") or {}).items():
+        e = n.get(metric)
+        if e and finite(e.get("value"), *(e.get("interval_95") or [None])) and e["converged"]:
+            found[kind] = e
+    return found
+
+
+def null_level(results: dict, reading: str, low: float, high: float) -> str:
+    """Where a null (--controls nulls) gives kappa / d in the same band: it says so."""
+    d = results["store"]["model"]["d_model"]
+    same = [
+        f"the {kind} null's {ci([v / d for v in e['interval_95']], 2)}"
+        for kind, e in null_estimates(results, reading).items()
+        if meets([v / d for v in e["interval_95"]], low, high)
+    ]
+    if not same:
+        return ""
+    return f"; {' and '.join(same)} meets it too: an untrained network gives this level"
+
+
+def training(results: dict, reading: str) -> Decided:
+    c = (results.get("controls") or {}).get("nulls")
+    if not c or "skipped" in c:
+        return "n/a", UNTESTABLE, "the nulls were not measured (pass --controls nulls)"
+    est, why = _estimate(results, reading)
+    if est is None:
+        return "n/a", UNTESTABLE, why
+    nulls = null_estimates(results, reading)
+    unconverged = [k for k in c["nulls"] if k not in nulls]
+    if unconverged:
+        return "n/a", UNTESTABLE, f"the {', '.join(unconverged)} null(s) did not converge"
+    pairs = [
+        (
+            "trained",
+            est,
+            kind,
+            {"erank_corrected": e["value"], "erank_corrected_95": e["interval_95"]},
+        )
+        for kind, e in nulls.items()
+    ]
+    return _training_verdict(pairs, "the trained kappa")
+
+
+def _training_verdict(pairs: list[tuple[str, dict, str, dict]], whose: str) -> Decided:
+    """(trained's label, its estimate, the null's label, its estimate) pairs: each null
+    apart from its trained model by TRAINED_APART+, with disjoint intervals."""
+    shown, apart = [], []
+    for trained_label, trained, null_label, null in pairs:
+        ratio, disjoint = _apart(trained, null)
+        apart.append(disjoint and ratio >= TRAINED_APART)
+        shown.append(
+            f"{trained_label} {_kappa(trained)} vs {null_label} {_kappa(null)}: x{ratio:.2f}"
+        )
+    return decided(
+        "; ".join(shown),
+        all(apart),
+        f"{sum(apart)} of {len(apart)} nulls apart from {whose} by x{TRAINED_APART}+ with "
+        "disjoint intervals",
     )
 
 
@@ -119,7 +204,7 @@ def profile_kappas(results: dict, reading: str) -> tuple[dict[int, float], list[
     n = len(layers)
     kept, unconverged = {}, []
     for key, readings in layers.items():
-        i, est = int(key), readings.get(reading)
+        i, est = int(key), of_reading(readings, reading)
         if est is None or i in (0, n - 1) or est.get("erank_corrected") is None:
             continue
         if est.get("converged") is False:
@@ -199,6 +284,14 @@ RULES = (
         depth,
     ),
     Rule(
+        "kappa_training",
+        "kappa is set by training (beside untrained networks of the same shape)",
+        lambda p: "not tested in the paper",
+        f"the trained kappa against its permuted and initialised nulls at the same layer: "
+        f"intervals apart and by x{TRAINED_APART}+",
+        training,
+    ),
+    Rule(
         "kappa_text",
         "kappa is set by what the text asks of the model",
         lambda p: "kappa follows the diversity of the task",
@@ -235,7 +328,18 @@ def _corpus(r: dict) -> str:
 
 
 def _model(r: dict) -> str:
-    return str(r["inputs"]["model"].get("files") or r["inputs"]["model"]["name"])
+    """The weights' identity: a null of a model is another model."""
+    return _weights(r) + str(_null(r) or "")
+
+
+def _weights(r: dict) -> str:
+    """The trained weights a run (or its null) comes from."""
+    m = r["inputs"]["model"]
+    return str(m.get("files") or m["name"].split(":")[0])
+
+
+def _null(r: dict) -> dict | None:
+    return r["inputs"]["model"].get("null")
 
 
 def _compare(pairs, reading: str, rule) -> Decided:
@@ -252,14 +356,17 @@ def _compare(pairs, reading: str, rule) -> Decided:
     return rule(usable)
 
 
+def _apart(a: dict, b: dict) -> tuple[float, bool]:
+    """Two estimates' ratio (larger over smaller) and whether their intervals are apart."""
+    ka, kb = a["erank_corrected"], b["erank_corrected"]
+    ia, ib = a["erank_corrected_95"], b["erank_corrected_95"]
+    return max(ka, kb) / min(ka, kb), ia[1] < ib[0] or ib[1] < ia[0]
+
+
 def _text_rule(usable) -> Decided:
     shown, holds = [], True
     for (na, a, ea), (nb, b, eb) in usable:
-        ratio = max(ea["erank_corrected"], eb["erank_corrected"]) / min(
-            ea["erank_corrected"], eb["erank_corrected"]
-        )
-        ia, ib = ea["erank_corrected_95"], eb["erank_corrected_95"]
-        apart = ia[1] < ib[0] or ib[1] < ia[0]
+        ratio, apart = _apart(ea, eb)
         holds = holds and apart and ratio >= TEXT_MOVES
         shown.append(f"{_label(na, a)} {_kappa(ea)} vs {_label(nb, b)} {_kappa(eb)}: x{ratio:.2f}")
     return decided(
@@ -290,22 +397,43 @@ def _scale_rule(usable) -> Decided:
     )
 
 
+def _training_rule(usable) -> Decided:
+    pairs = []
+    for (na, a, ea), (nb, b, eb) in usable:
+        (nt, t, et), (nn, n, en) = (
+            ((na, a, ea), (nb, b, eb)) if _null(b) else ((nb, b, eb), (na, a, ea))
+        )
+        pairs.append((_label(nt, t), et, _label(nn, n), en))
+    return _training_verdict(pairs, "their trained model")
+
+
 def across(runs: list[tuple[str, dict]]) -> list[Claim]:
-    """The text and scale claims, decided across runs: runs of one model and layer on
-    different corpora (text); runs of different models at matched relative depth on one
-    corpus (scale)."""
+    """The claims one run cannot test, decided across runs: runs of one model and layer
+    on different corpora (text); runs of different models at matched relative depth on
+    one corpus (scale); a model against its nulls at one layer and corpus (training).
+    Nulls enter the training claim only."""
+    trained = [(name, r) for name, r in runs if not _null(r)]
     text_pairs = _pairs(
-        runs,
+        trained,
         lambda a, b: _model(a) == _model(b) and a["store"]["layer"] == b["store"]["layer"],
         lambda a, b: _corpus(a) != _corpus(b),
     )
     scale_pairs = _pairs(
-        runs,
+        trained,
         lambda a, b: (
             _corpus(a) == _corpus(b)
             and abs(_relative_depth(a) - _relative_depth(b)) < MATCHED_DEPTH
         ),
         lambda a, b: _model(a) != _model(b),
+    )
+    training_pairs = _pairs(
+        runs,
+        lambda a, b: (
+            _weights(a) == _weights(b)
+            and _corpus(a) == _corpus(b)
+            and a["store"]["layer"] == b["store"]["layer"]
+        ),
+        lambda a, b: (_null(a) is None) != (_null(b) is None),
     )
     paper = runs[0][1]["paper"] if runs else {}
     return [
@@ -321,6 +449,14 @@ def across(runs: list[tuple[str, dict]]) -> list[Claim]:
             scale_pairs,
             _scale_rule,
             "no two runs of different models at matched relative depth on one corpus",
+            paper,
+        ),
+        _across_claim(
+            "kappa_training",
+            training_pairs,
+            _training_rule,
+            "no run of a model beside a run of its null (MODEL:permuted, MODEL:init) at one "
+            "layer and corpus",
             paper,
         ),
     ]
@@ -343,4 +479,5 @@ def _across_claim(key: str, pairs: list, rule, none: str, paper: dict) -> Claim:
         verdict,
         reason,
         literal=decide(LITERAL),
+        activation_weighted=decide(ACT),
     )

@@ -137,9 +137,9 @@ def wedge_rate(results: dict) -> Decided:
     )
 
 
-def consistency(results: dict) -> Decided:
+def consistency(results: dict, metric: str = "raw") -> Decided:
     a = headline_sweep(results)
-    est, parts, verdicts = direct(results), [], []
+    est, parts, verdicts = direct(results, metric), [], []
     s = kappa_hat_spread(results)
     if s is None:
         parts.append(f"layer: kappa_hat not estimable ({a['not_estimable']})")
@@ -157,7 +157,7 @@ def consistency(results: dict) -> Decided:
         parts.append(
             f"layer: kappa_hat's whole interval {ci(s['whole'])} "
             + ("reaches" if ok else "lies above")
-            + f" the direct kappa {direct_text(results)}"
+            + f" the direct kappa {direct_text(results, metric)}"
         )
     syn = control(results, "synthetic")
     if syn is None:
@@ -185,9 +185,9 @@ def consistency(results: dict) -> Decided:
     )
 
 
-def coverage(results: dict) -> Decided:
+def coverage(results: dict, metric: str = "raw") -> Decided:
     a = headline_sweep(results)
-    est = direct(results)
+    est = direct(results, metric)
     last = a["per_width"][-1]
     n, n_95 = last["n_causal"], last.get("n_causal_95") or [last["n_causal"]] * 2
     own = (
@@ -204,14 +204,14 @@ def coverage(results: dict) -> Decided:
         return (
             f"N_causal {num(n)} at the widest SAE{own}",
             UNTESTABLE,
-            f"the direct kappa is {direct_text(results)}",
+            f"the direct kappa is {direct_text(results, metric)}",
         )
     k, k_95 = est["erank_corrected"], est["erank_corrected_95"]
     share = [n_95[0] / k_95[1], n_95[1] / k_95[0]]
     share_text = f"[{pct(share[0])}, {pct(share[1])}]"
     shown = (
         f"N_causal {num(n)} {ci(n_95)} at the widest SAE ({last['width']:,}) / the direct "
-        f"kappa {direct_text(results)} = {pct(n / k)} {share_text}{own}"
+        f"kappa {direct_text(results, metric)} = {pct(n / k)} {share_text}{own}"
     )
     low, high = band(results["paper"]["coverage"], cap=0.95)
     inside = meets(share, low, high)
@@ -223,6 +223,10 @@ def coverage(results: dict) -> Decided:
         + f" [{100 * low:.0f}%, {100 * high:.0f}%) (part, not all, of kappa)",
     )
 
+
+# the rules that set the SAE route against the direct kappa: decided in both metrics (AtP,
+# activation times gradient, weighs directions as kappa_act does)
+BOTH_METRICS = ("consistency", "coverage")
 
 RULES = (
     Rule(

@@ -17,6 +17,48 @@ PULL_BACK = (
 )
 
 
+METRICS = (
+    "The raw reading counts directions per unit of Euclidean change of the residual (the "
+    "paper's definition; it moves with how the model scales its coordinates, e.g. its norm "
+    "gains). The activation-weighted one, kappa_act = erank(C^1/2 Sigma C^1/2) with C the "
+    "activations' covariance, counts directions of the representation's own fluctuation "
+    "that move the output, each weighed by what mean-ablating it costs to first order; no "
+    "invertible linear map of the residual changes it."
+)
+
+
+def by_metric(sigma: dict) -> list[tuple[str, str, dict]]:
+    """(reading, metric, estimate): every reading raw, then each output reading's
+    activation-weighted twin ("act")."""
+    raw = [(r, "raw", e) for r, e in sigma.items()]
+    act = [
+        (r, "act", e["activation_weighted"])
+        for r, e in sigma.items()
+        if e.get("activation_weighted")
+    ]
+    return raw + act
+
+
+def metric_line(sigma: dict, d: int) -> str | None:
+    """The direct kappa in both metrics, one line (the CLI's end-lines)."""
+    est = sigma.get(HEADLINE)
+    if est is None:
+        return None
+
+    def one(e: dict) -> str:
+        over = (
+            ""
+            if below_floor(e) or e.get("erank_corrected") is None
+            else f", {e['erank_corrected'] / d:.2f} d"
+        )
+        return flagged(e) + over
+
+    act = est.get("activation_weighted")
+    return f"direct kappa ({HEADLINE}): raw {one(est)}" + (
+        f"; activation-weighted {one(act)}" if act else ""
+    )
+
+
 def converged_at(results: dict) -> float:
     """Independent equivalents per dimension that "converged" took in this run (4 before
     results.json recorded it)."""
@@ -94,6 +136,15 @@ def direct_kappa(sigma: dict, d: int) -> list[str]:
             f"{num(est['participation_ratio_unbiased'])} "
             f"{ci(est['participation_ratio_unbiased_95'])}."
         )
+        act = est.get("activation_weighted")
+        if act:
+            lines.append(
+                f"Activation-weighted, kappa_act = {act['definition']}, from the same samples: "
+                f"{flagged(act)}"
+                + ("" if below_floor(act) else f", {act['erank_corrected'] / d:.2f} d")
+                + f", {'converged' if act['converged'] else 'NOT converged'}; C is "
+                "re-estimated in every resample, so its error is in the interval. " + METRICS
+            )
     else:
         lines.append("Direct kappa: not measured (the run had no logit probes).")
     if "logits_uncentred" in sigma:
@@ -122,10 +173,10 @@ def sigma_table(results: dict) -> str:
     """A plain-text table of the direct estimates: corrected, then plug-in."""
     d = results["store"]["model"]["d_model"]
     rows = [
-        f"{'reading':<17} {'erank':>8} {'95% interval':>17} {'/d':>6} {'PR':>7} "
-        f"{'plug-in':>8} {'indep./d':>8} {'converged':>9} {'tokens':>7}"
+        f"{'reading':<17} {'metric':<6} {'erank':>8} {'95% interval':>17} {'/d':>6} "
+        f"{'PR':>7} {'plug-in':>8} {'indep./d':>8} {'converged':>9} {'tokens':>7}"
     ]
-    for reading, est in results["sigma"].items():
+    for reading, metric, est in by_metric(results["sigma"]):
         corrected = est.get("erank_corrected")
         iv = est.get("erank_corrected_95")
         if below_floor(est):  # no value: see below_floor
@@ -134,7 +185,7 @@ def sigma_table(results: dict) -> str:
         independent = est.get("n_independent")
         converged = {True: "yes", False: "NO", None: "n/a"}[est.get("converged")]
         rows.append(
-            f"{reading:<17} {num(corrected):>8} {interval} "
+            f"{reading:<17} {metric:<6} {num(corrected):>8} {interval} "
             f"{'n/a' if corrected is None else f'{corrected / d:.3f}':>6} "
             f"{num(est.get('participation_ratio_unbiased')):>7} {est['erank']:8.1f} "
             f"{'n/a' if independent is None else f'{independent / d:.1f}':>8} {converged:>9} "
@@ -144,7 +195,8 @@ def sigma_table(results: dict) -> str:
             rows.append(f"  warning: {est['warning']}")
     rows.append(
         f"direct kappa: the logits reading, {DEFINITIONS[HEADLINE]}; erank and PR corrected "
-        "for finite samples; plug-in: of the sample Sigma"
+        "for finite samples; plug-in: of the sample Sigma; act: the same reading weighted by "
+        "the activations, erank(C^1/2 Sigma C^1/2), C = Cov[h]"
     )
     return "\n".join(rows)
 
@@ -177,14 +229,17 @@ def direct_sigma(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
             else ""
         )
     )
+    if any(e.get("activation_weighted") for e in sigma.values()):
+        doc.p(METRICS)
     rows = []
-    for reading, est in sigma.items():
+    for reading, metric, est in by_metric(sigma):
         corrected = est.get("erank_corrected")
         independent = est.get("n_independent")
         rows.append(
             [
                 reading,
-                DEFINITIONS.get(reading, ""),
+                metric,
+                est.get("definition") or DEFINITIONS.get(reading, ""),
                 flagged(est) if corrected is not None else "n/a",
                 "n/a" if corrected is None or below_floor(est) else f"{corrected / d:.3f}",
                 num(est.get("participation_ratio_unbiased")),
@@ -199,6 +254,7 @@ def direct_sigma(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
     doc.table(
         [
             "reading",
+            "metric",
             "erank of",
             "erank (corrected) [95%]",
             "/d",
@@ -262,12 +318,19 @@ def profile_section(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
         "Sigma at every block output, from the same eval pass (its backward run on down to "
         f"block 0): the corrected erank of each reading with its 95% interval ("
         f"{prof['blocks']} sequence blocks, a lighter correction than the run's layer: "
-        f"{c['draws']} draws, {c['groups']} jackknife groups), the share of the uncentred "
+        f"{c['draws']} draws, {c['groups']} jackknife groups), the headline reading in the "
+        "activations' metric (each layer's C from a forward pass before the eval pass; "
+        "every reading's twin is in results.json and tables/profile.csv), the share of the "
+        "uncentred "
         "reading's trace along the shift of all logits, and the activations' plug-in erank "
         f"for reference. Layer {prof['run_layer']} is the run's layer, measured in full above. "
         "A starred erank has not converged (see below)."
     )
     head = ["layer", *(f"erank {r} [95%]" for r in direct)]
+    twin = HEADLINE in direct and bool(
+        prof["layers"][layers[0]][HEADLINE].get("activation_weighted")
+    )
+    head += [f"{HEADLINE}, activation-weighted [95%]"] if twin else []
     shares = "logits_uncentred" in direct
     head += ["shift share (uncentred)"] if shares else []
     head += ["erank activations (plug-in)"] if "activations" in readings else []
@@ -276,6 +339,7 @@ def profile_section(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
         row = prof["layers"][i]
         cells = [i + (" (run)" if int(i) == prof["run_layer"] else "")]
         cells += [starred(row[r]) for r in direct]
+        cells += [starred(row[HEADLINE]["activation_weighted"])] if twin else []
         cells += [pct(row["logits_uncentred"].get("common_mode_share"))] if shares else []
         if "activations" in row:
             cells.append(num(row["activations"]["erank"]))

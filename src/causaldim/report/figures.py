@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..fileio import atomic_write_bytes
 from ..measures.fit import curve
-from ..measures.sigma import DIRECT
+from ..measures.sigma import DIRECT, HEADLINE
 from .direct import below_floor
 
 READING_LABELS = {
@@ -327,6 +327,16 @@ def plot_profile(results: dict, path: Path) -> Path:
                     color=line.get_color(),
                     alpha=0.15,
                 )
+    twins = [prof["layers"][i].get(HEADLINE, {}).get("activation_weighted") for i in layers]
+    if all(t and t.get("erank_corrected") is not None for t in twins):
+        ax_erank.plot(
+            x,
+            [t["erank_corrected"] for t in twins],
+            "-s",
+            ms=3,
+            color="black",
+            label=f"{READING_LABELS.get(HEADLINE, HEADLINE)}, activation-weighted",
+        )
     for ax in (ax_erank, ax_pr):
         ax.axvline(prof["run_layer"], color="grey", lw=0.8, ls=":", label="the run's layer")
         ax.set_xlabel("layer (output of block)")

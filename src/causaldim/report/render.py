@@ -9,6 +9,7 @@ from pathlib import Path
 from ..controls import control_figures
 from ..fileio import atomic_write_bytes
 from .figures import plot_atp, plot_profile, plot_sigma, plot_subspace, plot_wedge
+from .metric import plot_ladder, plot_weights
 from .results import load_results
 from .sections import build_report
 from .tables import write_csvs
@@ -28,16 +29,18 @@ def figure_plan(results: dict, folder: Path) -> dict[str, tuple[Path, Callable[[
             folder / "figures" / f"atp_{arch}.png",
             lambda p, arch=arch: plot_atp(results, arch, p),
         )
-    if (results.get("subspace") or {}).get("reading"):
-        figures["subspace"] = (
-            folder / "figures" / "subspace.png",
-            lambda p: plot_subspace(results, p),
-        )
-    if results.get("profile"):
-        figures["profile"] = (
-            folder / "figures" / "profile.png",
-            lambda p: plot_profile(results, p),
-        )
+    optional = (  # (key, whether results.json holds what it draws, how)
+        ("subspace", (results.get("subspace") or {}).get("reading"), plot_subspace),
+        ("profile", results.get("profile"), plot_profile),
+        ("weights", results.get("profile") and results.get("weights"), plot_weights),
+        ("ladder", results.get("ladder"), plot_ladder),
+    )
+    for key, present, plot in optional:
+        if present:
+            figures[key] = (
+                folder / "figures" / f"{key}.png",
+                lambda p, plot=plot: plot(results, p),
+            )
     figures.update(control_figures(results, folder))
     return figures
 

@@ -72,6 +72,19 @@ def direct_kappa(sigma: dict) -> dict | None:
         "eval_tokens_needed": est["eval_tokens_needed"],
         "n_independent": est["n_independent"],
         "estimator": "spectrum deconvolved with sequences as units (measures/debias.py)",
+        "activation_weighted": _twin(est.get("activation_weighted")),
+    }
+
+
+def _twin(est: dict | None) -> dict | None:
+    """The headline reading in the activations' metric (measures/kappa.py), in brief."""
+    if est is None:
+        return None
+    keys = ("definition", "converged", "eval_tokens_needed", "n_independent")
+    return {
+        "value": est["erank_corrected"],
+        "interval_95": est["erank_corrected_95"],
+        **{k: est[k] for k in keys},
     }
 
 
@@ -108,6 +121,8 @@ def build_results(
     notes: tuple = (),
     rounds=None,
     extension: Store | None = None,
+    weights: dict | None = None,
+    ladder: dict | None = None,
 ) -> dict:
     """results.json of a run, from its resolved configs, the headline layer's store and
     Measurement, the controls' results and the notes its plan printed ([code, message])."""
@@ -186,6 +201,10 @@ def build_results(
         "controls": controls,
         "subspace": subspace,
         "profile": profile,  # every layer's Sigma (--profile), or None
+        # what the weights alone predict of kappa at every layer (measures/weights.py)
+        "weights": weights,
+        # which directions matter, by intervention (measures/ladder.py), or None
+        "ladder": ladder,
         "headline": {},  # below: it lists the warnings that touch it
         "paper": PAPER,
         "versions": {**m["versions"], **versions("python", "numpy", "scipy")},

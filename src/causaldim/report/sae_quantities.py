@@ -52,19 +52,24 @@ def set_by_calibration(kappa: float, a: dict) -> bool:
     return n > 0 and 1 / CALIBRATION_NEAR <= kappa / n <= CALIBRATION_NEAR
 
 
-def direct(results: dict) -> dict | None:
+def direct(results: dict, metric: str = "raw") -> dict | None:
     """The direct kappa's estimate where it can be set against the SAE route: measured
-    and converged (an unconverged value decides nothing, as in table A)."""
+    and converged (an unconverged value decides nothing, as in table A); metric "act":
+    the activation-weighted one, which weighs directions as AtP does."""
     est = (results.get("sigma") or {}).get(HEADLINE)
+    if est and metric == "act":
+        est = est.get("activation_weighted")
     usable = est and finite(est.get("erank_corrected")) and est.get("converged") is not False
     return est if usable else None
 
 
-def direct_text(results: dict) -> str:
-    est = direct(results)
+def direct_text(results: dict, metric: str = "raw") -> str:
+    est = direct(results, metric)
     if est is not None:
         return f"{num(est['erank_corrected'])} {ci(est['erank_corrected_95'])}"
     lead = (results.get("sigma") or {}).get(HEADLINE)
+    if lead and metric == "act" and not lead.get("activation_weighted"):
+        return "n/a (not measured)"
     return "n/a (not converged)" if lead else "n/a (no logit probes)"
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..fileio import atomic_write_bytes
+from .direct import by_metric
 
 Row = dict[str, object]
 
@@ -19,17 +20,19 @@ def _pair(interval) -> tuple[object, object]:
 
 def sigma_rows(results: dict) -> list[Row]:
     """The direct estimates, one row a reading (loss, logits, logits_uncentred, fisher,
-    activations); "erank" is the corrected one (the activations' plug-in for that
-    reference line, which has no correction)."""
+    activations) and metric (raw; act, the activation-weighted twins); "erank" is the
+    corrected one (the activations' plug-in for that reference line, which has no
+    correction)."""
     d = results["store"]["model"]["d_model"]
     rows = []
-    for reading, e in results["sigma"].items():
+    for reading, metric, e in by_metric(results["sigma"]):
         lo, hi = _pair(e.get("erank_corrected_95"))
         pr_lo, pr_hi = _pair(e.get("participation_ratio_unbiased_95"))
         value = e["erank"] if e.get("erank_corrected") is None else e["erank_corrected"]
         rows.append(
             {
                 "reading": reading,
+                "metric": metric,
                 "definition": e.get("definition"),
                 "erank": value,
                 "erank_low": lo,
@@ -126,19 +129,20 @@ def fit_rows(results: dict) -> list[Row]:
 
 
 def profile_rows(results: dict) -> list[Row]:
-    """--profile: one row a (layer, reading)."""
+    """--profile: one row a (layer, reading, metric)."""
     prof = results.get("profile")
     if not prof:
         return []
     rows = []
     for layer in sorted(prof["layers"], key=int):
-        for reading, e in prof["layers"][layer].items():
+        for reading, metric, e in by_metric(prof["layers"][layer]):
             lo, hi = _pair(e.get("erank_corrected_95"))
             corrected = e.get("erank_corrected")
             rows.append(
                 {
                     "layer": int(layer),
                     "reading": reading,
+                    "metric": metric,
                     "erank": e["erank"] if corrected is None else corrected,
                     "erank_low": lo,
                     "erank_high": hi,

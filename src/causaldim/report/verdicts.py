@@ -43,15 +43,14 @@ class Claim(NamedTuple):
     reason: str  # the numbers the rule read, or why it cannot be tested here
     # claims about kappa: the same rule on the paper's literal E[J^T J] (None elsewhere)
     literal: Decided | None = None
+    # the same rule in the activations' metric, kappa_act (claims that read kappa)
+    activation_weighted: Decided | None = None
 
     def to_dict(self) -> dict:
         out = self._asdict()
-        literal = out.pop("literal")
-        out["literal_this_run"], out["literal_verdict"], out["literal_reason"] = literal or (
-            None,
-            None,
-            None,
-        )
+        for name, prefix in (("literal", "literal"), ("activation_weighted", "act")):
+            found = out.pop(name) or (None, None, None)
+            out[f"{prefix}_this_run"], out[f"{prefix}_verdict"], out[f"{prefix}_reason"] = found
         return out
 
 
