@@ -126,6 +126,14 @@ def depth_untestable():
     return make_results(profile=profile(FLAT, converged=False))
 
 
+def with_ladder(k05: int | None, kappa=450.0, iv=(440.0, 460.0)) -> dict:
+    """A ladder whose raw ranking keeps KL <= 0.05 from k05 on."""
+    results = set_kappa(make_results(), kappa=kappa, iv=iv)
+    within = {name: {"0.05": k05, "0.01": None} for name in ("raw", "act", "pca", "random")}
+    results["ladder"] = {"reading": "logits", "within": within, "k": [0, 256, 512, 576]}
+    return results
+
+
 def with_nulls(results: dict, permuted=(550.0, 545.0, 555.0), init=(560.0, 555.0, 565.0)):
     """The nulls control's raw readings (value, low, high), converged."""
 
@@ -271,6 +279,11 @@ CASES = {
     "kappa_bound": (bound_holds, bound_fails, bound_untestable),
     "kappa_depth": (depth_holds, depth_fails, depth_untestable),
     "kappa_training": (training_holds, training_fails, level_holds),  # no nulls measured
+    "kappa_ladder": (
+        lambda: with_ladder(512),  # within [300, 675]
+        lambda: with_ladder(256),
+        lambda: set_kappa(make_results()),  # no ladder
+    ),
     # one run cannot hold or fail these: test_across_runs decides them
     "kappa_text": (None, None, make_results),
     "kappa_scale": (None, None, make_results),

@@ -344,6 +344,9 @@ def _run_at(cell: dict, layer: str) -> tuple[str, dict]:
         },
         "sigma": sigma,
         "paper": PAPER,
+        "ladder": cell.get("ladder")
+        if int(layer) == (cell.get("ladder") or {}).get("layer")
+        else None,
     }
     return f"{c['model']} on {c['corpus']}, seq {c['seq_len']}", results
 
@@ -359,7 +362,7 @@ def claims(cells: list[dict]) -> list[tuple[str, str, str, str]]:
     """The claims the atlas answers, each at the middle layer by the claims tables' own
     rules (cells that did not measure it left aside), in each metric: (claim, what was
     compared, verdict, why)."""
-    from .claims_kappa import ACT, across, level
+    from .claims_kappa import ACT, across, ladder_count, level
 
     out = []
     cells = [c for c in cells if _middle(c) in c["layers"]]
@@ -377,4 +380,9 @@ def claims(cells: list[dict]) -> list[tuple[str, str, str, str]]:
             for reading, label in ((HEADLINE, ""), (ACT, ", activation-weighted")):
                 shown, verdict, why = level(results, reading)
                 out.append((f"kappa_level (0.86 d){label}, {name}", shown, verdict, why))
+    for c in cells:  # kappa against the directions the output needs, where measured
+        if c.get("ladder"):
+            name, results = _run_at(c, _middle(c))
+            for reading, label in ((HEADLINE, ""), (ACT, ", activation-weighted")):
+                out.append((f"kappa_ladder{label}, {name}", *ladder_count(results, reading)))
     return out

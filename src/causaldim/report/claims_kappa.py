@@ -17,6 +17,7 @@ from .verdicts import (
     FAILS,
     HOLDS,
     KAPPA,
+    LEVEL,
     UNTESTABLE,
     Claim,
     Decided,
@@ -34,6 +35,7 @@ READINGS = {
     LITERAL: "literal E[J^T J]",
     ACT: "activation-weighted erank(C^1/2 Sigma C^1/2)",
 }
+LADDER_BAR = 0.05  # nats per prediction: the output "kept" (measures/ladder.BARS)
 TRAINED_APART = 1.1  # "training sets kappa": trained and null kappas apart by at least this
 TEXT_MOVES = 1.1  # "kappa follows the text": corpora's kappas apart by at least this factor
 MATCHED_DEPTH = 0.05  # runs of two models count as matched if relative depths differ by less
@@ -241,6 +243,40 @@ def depth(results: dict, reading: str) -> Decided:
     )
 
 
+def ladder_count(results: dict, reading: str) -> Decided:
+    """Whether kappa is the count of directions the output needs: the ladder's smallest k
+    (by the metric's own ranking) that keeps KL within LADDER_BAR, against kappa."""
+    lad = results.get("ladder")
+    if not lad:
+        return (
+            "n/a",
+            UNTESTABLE,
+            "no intervention ladder (--ladder-sequences 0, or a run before it)",
+        )
+    ranking = {HEADLINE: "raw", ACT: "act"}.get(reading)
+    if ranking is None or lad["reading"] != HEADLINE:
+        return "n/a", UNTESTABLE, f"the ladder ranks the {HEADLINE} reading's directions only"
+    est, why = _estimate(results, reading)
+    if est is None:
+        return "n/a", UNTESTABLE, why
+    k = lad["within"][ranking][str(LADDER_BAR)]
+    kappa = est["erank_corrected"]
+    shown = (
+        f"kappa {_kappa(est)}; the smallest k of the {ranking} ranking keeping KL <= "
+        f"{LADDER_BAR:g}: " + ("none of the ladder" if k is None else f"{k:,}")
+    )
+    if k is None:
+        return shown, FAILS, "no k of the ladder keeps the output within the bar"
+    low, high = kappa / LEVEL, kappa * LEVEL
+    return decided(
+        shown,
+        low <= k <= high,
+        f"k = {k:,} "
+        + ("lies in" if low <= k <= high else "lies outside")
+        + f" [{low:,.0f}, {high:,.0f}] (kappa within x{LEVEL:g}; the ladder's k double)",
+    )
+
+
 def one_run_only(what: str, whats: str) -> Decided:
     return (
         "n/a",
@@ -282,6 +318,14 @@ RULES = (
         lambda p: "constant over 8 layers",
         f"the profile's converged kappas (first and last blocks left out) within x{CONSTANT}",
         depth,
+    ),
+    Rule(
+        "kappa_ladder",
+        "kappa counts the directions the output needs (not the paper's; an intervention)",
+        lambda p: "not tested in the paper",
+        f"the smallest k of the ladder whose top-k directions (by the metric's ranking) keep "
+        f"KL(clean || edited) <= {LADDER_BAR:g} lies within x{LEVEL:g} of kappa",
+        ladder_count,
     ),
     Rule(
         "kappa_training",
