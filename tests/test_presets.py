@@ -51,7 +51,7 @@ CASES = [
     ("ray_address", "auto", {}, {"executor": "ray"}),
     ("max_eval_tokens", 65_536, {}, {"until_converged": True}),
     ("headline_tokens", 4096, {"logit_probes": 0}, {}),
-    ("ladder_sequences", 4, {"logit_probes": 0}, {}),
+    ("ladder_sequences", 6, {"logit_probes": 0}, {}),
     *(
         (name, value, {"sae_paths": ["sae.npz"]}, {})
         for name, value in [

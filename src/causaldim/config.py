@@ -244,7 +244,7 @@ class AnalysisConfig:
         "block 0): corrected erank and unbiased PR of each reading against depth.",
     )
     ladder_sequences: int = option(
-        8,
+        4,
         "Held-out sequences (the train split's first, apart from the eval split the "
         "rankings are fitted on) on which the directions that matter are checked by "
         "intervention: keep the top k directions of each ranking, mean-ablate the rest, "
