@@ -44,3 +44,15 @@ def test_predictors_follow_the_gains(tiny_model):
     # earlier layers add the flat gains of the blocks after them: flatter, higher
     assert loud["layers"]["0"]["later_gains"] > loud["layers"][last]["later_gains"]
     assert loud["final_gains_range"] == pytest.approx([1.0, 30.0])
+
+
+def test_equal_gains_predict_nothing_and_a_follower_correlates():
+    from causaldim.report.metric import log_correlation
+
+    flat = [
+        {"raw": r, "act": None, "later_gains": 1.0 + 1e-9 * i}
+        for i, r in enumerate((0.5, 0.7, 0.9))
+    ]
+    assert log_correlation(flat, "raw") is None  # an initialised model: rounding, not gains
+    follows = [{"raw": 0.1 * g, "act": None, "later_gains": g} for g in (0.2, 0.4, 0.8)]
+    assert log_correlation(follows, "raw") == pytest.approx(1.0)

@@ -43,13 +43,16 @@ def depth_rows(results: dict) -> list[dict]:
 
 def log_correlation(rows: list[dict], key: str) -> float | None:
     """Pearson correlation of log(kappa / d) in a metric with log(later gains' erank / d)
-    over the layers that have both (None below three layers or where either is flat)."""
+    over the layers that have both (None below three layers or where either is flat to
+    rounding)."""
     pairs = [
         (math.log(r[key]), math.log(r["later_gains"])) for r in rows if r[key] and r["later_gains"]
     ]
     if len(pairs) < 3:
         return None
     xs, ys = zip(*pairs, strict=True)
+    if max(ys) - min(ys) < 1e-6 or max(xs) - min(xs) < 1e-6:
+        return None  # flat (equal gains: an initialised model): rounding has no correlation
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     sxy = sum((x - mx) * (y - my) for x, y in pairs)
     sxx, syy = sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys)
