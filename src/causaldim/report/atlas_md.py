@@ -362,7 +362,8 @@ def claims(cells: list[dict]) -> list[tuple[str, str, str, str]]:
     """The claims the atlas answers, each at the middle layer by the claims tables' own
     rules (cells that did not measure it left aside), in each metric: (claim, what was
     compared, verdict, why)."""
-    from .claims_kappa import ACT, across, ladder_count, level
+    from .claims_across import across
+    from .claims_kappa import ACT, ladder_count, level
 
     out = []
     cells = [c for c in cells if _middle(c) in c["layers"]]

@@ -11,7 +11,7 @@ across runs by across_runs()."""
 from __future__ import annotations
 
 from ..measures.sigma import HEADLINE
-from . import claims_kappa, claims_sae
+from . import claims_across, claims_kappa, claims_sae
 from .verdicts import ESTIMATOR, FAILS, HOLDS, KAPPA, UNTESTABLE, VERDICTS, Claim, Rule
 
 __all__ = ["FAILS", "HOLDS", "UNTESTABLE", "VERDICTS", "KAPPA", "ESTIMATOR", "Claim"]
@@ -62,4 +62,4 @@ def claims(results: dict) -> list[Claim]:
 def across_runs(runs: list[tuple[str, dict]]) -> list[Claim]:
     """The claims one run cannot test (kappa and the text, kappa and the scale), decided
     across the runs given, each named."""
-    return claims_kappa.across(runs)
+    return claims_across.across(runs)
