@@ -31,6 +31,7 @@ from .measures import profile
 from .measures.ladder import ladder_at
 from .measures.sigma import HEADLINE
 from .measures.weights import predictors
+from .paper import MIDDLE_DEPTH, depth_layer
 from .rounds import round_plan
 
 
@@ -99,15 +100,6 @@ class AtlasConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-# The claims' layer: where the paper measured (layer 12 of Gemma-2-2B's 26)
-MIDDLE_DEPTH = 12 / 25
-
-
-def depth_layer(depth: float, n_layers: int) -> int:
-    """The layer nearest a relative depth (layer / (layers - 1))."""
-    return round(depth * (n_layers - 1))
 
 
 class Cell(NamedTuple):

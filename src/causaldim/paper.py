@@ -27,6 +27,15 @@ RANDOM_ENCODER_INFLATION = 9.27  # N_causal with a random orthonormal encoder / 
 EPSILON_FALL = 20  # epsilon at layer 1 over epsilon at layer 23 of Gemma-2-2B
 SYNTHETIC_RECALL = 0.0  # AtP recall of planted causal directions in the toy model
 
+# The claims' layer: where the paper measured (layer 12 of Gemma-2-2B's 26)
+MIDDLE_DEPTH = 12 / 25
+
+
+def depth_layer(depth: float, n_layers: int) -> int:
+    """The layer nearest a relative depth (layer / (layers - 1))."""
+    return round(depth * (n_layers - 1))
+
+
 # The conditions the paper measured under, set beside a run's own wherever a verdict is.
 CONDITIONS = {
     "model": "Gemma-2-2B, a base model (Gemma-2-9B for the scale control), weights as released",

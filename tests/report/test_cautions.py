@@ -5,7 +5,7 @@ care" and in Results.warnings (a tiny real run carries several: test_pipeline.py
 from __future__ import annotations
 
 import pytest
-from test_report_sections import make_results, text, with_warnings
+from results_factory import make_results, text, with_warnings
 
 import causaldim
 from causaldim.fileio import write_sealed_json

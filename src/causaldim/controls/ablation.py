@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ..devices import placed
+from ..fmt import num, pct
 from ..harvest.model_pass import residuals_at
 from ..harvest.store import Store
 from ..measures.counts import calibrate
@@ -25,7 +26,6 @@ from ..model.load import LoadedModel
 from ..progress import bar
 from ..report.doc import Doc
 from ..report.figures import finish, pyplot
-from ..report.fmt import num, pct
 from ..sae import SAE
 from . import Context, Control
 

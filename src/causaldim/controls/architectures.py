@@ -8,10 +8,10 @@ import dataclasses
 from pathlib import Path
 
 from ..config import AnalysisConfig
+from ..fmt import ci, growth, num
 from ..measures.stats import spread
 from ..report.doc import Doc
 from ..report.figures import finish, pyplot
-from ..report.fmt import ci, growth, num
 from ..sae import ARCHITECTURES
 from ..sweep_config import SweepConfig
 from . import Context, Control

@@ -7,12 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config import AnalysisConfig
+from ..fmt import ci, growth, num
 from ..measures.sigma import DIRECT
 from ..paper import EPSILON_FALL
 from ..progress import bar
 from ..report.doc import Doc
 from ..report.figures import finish, pyplot
-from ..report.fmt import ci, growth, num
 from . import Context, Control
 
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import torch
 
 from ..config import AnalysisConfig
+from ..fmt import growth
 from ..harvest.store import Store
 from ..measures.score import Scores, atp_scores
 from ..paper import RANDOM_ENCODER_INFLATION
 from ..report.doc import Doc
 from ..report.figures import finish, pyplot
-from ..report.fmt import growth
 from ..sae import SAE
 from ..sae.train import match_l0
 from . import Context, Control

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..fmt import num
 from ..measures.score import Scores
 from ..measures.stats import auc, interval_95
 from ..report.doc import Doc
 from ..report.figures import finish, pyplot
-from ..report.fmt import num
 from ..sae import SAE
 from . import Control
 

@@ -4,9 +4,9 @@ fake the wedge."""
 
 from __future__ import annotations
 
+from ..fmt import pct
 from ..measures.diagnose import L0_TOLERANCE
 from ..report.doc import Doc
-from ..report.fmt import pct
 from . import Control
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from ..fmt import ci, num
 from ..harvest import harvest, plan
 from ..harvest.model_pass import residuals_at
 from ..harvest.plan import extension_sequences
@@ -27,7 +28,6 @@ from ..model.corpus import Splits
 from ..model.load import load_model
 from ..model.nulls import KINDS
 from ..report.doc import Doc
-from ..report.fmt import ci, num
 from . import Context, Control
 
 CALIBRATION_SEQUENCES = 16  # as the run's outlier rule is calibrated

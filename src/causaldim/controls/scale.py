@@ -12,12 +12,12 @@ import torch
 from scipy.stats import ks_2samp
 
 from ..config import AnalysisConfig, HarvestConfig
+from ..fmt import num
 from ..harvest import Plan, harvest, plan
 from ..measures.score import Scores
 from ..model.load import resolve_model
 from ..report.doc import Doc
 from ..report.figures import finish, pyplot
-from ..report.fmt import num
 from . import Context, Control
 
 

@@ -25,6 +25,7 @@ from typing import NamedTuple
 import torch
 
 from ..config import AnalysisConfig
+from ..fmt import num, pct
 from ..harvest.store import Store, write_store
 from ..measures.analysis import analyze
 from ..measures.digest import digest
@@ -34,7 +35,6 @@ from ..measures.sweep import load_entries, run_sweep
 from ..paper import SYNTHETIC_RECALL
 from ..report.doc import Doc
 from ..report.figures import finish, pyplot
-from ..report.fmt import num, pct
 from ..sweep_config import SweepConfig
 from . import Context, Control
 

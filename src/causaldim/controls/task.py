@@ -25,6 +25,7 @@ import torch
 
 from ..devices import placed
 from ..errors import UsageError
+from ..fmt import num, pct
 from ..harvest.store import Store
 from ..measures.score import Scores
 from ..measures.splice import zero_feature
@@ -35,7 +36,6 @@ from ..paper import TASK_RECOVERY
 from ..progress import bar as progress_bar
 from ..report.doc import Doc
 from ..report.figures import finish, pyplot
-from ..report.fmt import num, pct
 from ..sae import SAE
 from . import Context, Control
 

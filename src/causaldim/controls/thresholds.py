@@ -8,13 +8,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..config import AnalysisConfig
+from ..fmt import ci, growth, num
 from ..measures.analysis import analyze
 from ..measures.score import Scores
 from ..measures.stats import spread
 from ..progress import bar
 from ..report.doc import Doc
 from ..report.figures import finish, pyplot
-from ..report.fmt import ci, growth, num
 from . import Context, Control
 
 PERCENTILES = (95.0, 98.0, 99.0, 99.5)

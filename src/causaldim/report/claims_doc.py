@@ -5,11 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .claims import ESTIMATOR, KAPPA, TITLES, VERDICTS, across_runs, claims
-from .conditions import conditions_lines
-from .doc import Doc
-from .fmt import num
-from .sae_quantities import (
+from ..claims import ESTIMATOR, KAPPA, TITLES, VERDICTS, across_runs, claims
+from ..claims.conditions import conditions_lines
+from ..claims.quantities import (
     calibrated,
     calibration_count,
     direct_text,
@@ -17,6 +15,8 @@ from .sae_quantities import (
     kappa_hat_spread,
     spread_text,
 )
+from ..fmt import num
+from .doc import Doc
 
 
 def claims_section(doc: Doc, results: dict, level: int = 2) -> None:
@@ -141,10 +141,10 @@ def across_section(doc: Doc, runs: list[tuple[str, dict]], level: int = 2) -> No
 
 
 def atlas_section(doc: Doc, path: Path, level: int = 2) -> None:
-    """The claims an atlas answers (report/atlas_md.claims: the claims tables' rules at each
+    """The claims an atlas answers (claims/atlas.py: the claims tables' rules at each
     cell's middle layer), from its atlas.json."""
+    from ..claims.atlas import atlas_claims as claims
     from ..fileio import read_sealed_json
-    from .atlas_md import claims
 
     path = path / "atlas.json" if path.is_dir() else path
     atlas = read_sealed_json(path, "atlas")

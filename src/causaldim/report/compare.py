@@ -12,13 +12,13 @@ from pathlib import Path
 from .. import __version__
 from ..errors import UsageError
 from ..fileio import atomic_write_bytes, read_sealed_json, sha256_file, write_sealed_json
+from ..fmt import ci, ci_of, growth, num
 from ..measures.sigma import DEFINITIONS, DIRECT, HEADLINE
 from ..progress import bar
 from .cautions import lines as caution_lines
 from .compare_figures import figure_plan
 from .direct import flagged
 from .doc import Doc
-from .fmt import ci, ci_of, growth, num
 from .results import SCHEMA, load_results
 
 COMPARE_SCHEMA = "causaldim.compare/1"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..fmt import growth
 from ..measures.sigma import HEADLINE
 from .figures import legend_below, pyplot, save
-from .fmt import growth
 
 
 def _color(i: int) -> str:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..fmt import ci, num, pct
 from ..measures.debias import REPORT_FLOOR
 from ..measures.sigma import DEFINITIONS, HEADLINE
 from .doc import Doc
-from .fmt import ci, num, pct
 
 PULL_BACK = (
     "J is the full pull-back to the residual at each position: the Jacobian of every later "

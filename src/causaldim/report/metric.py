@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..fmt import num
 from ..measures.sigma import HEADLINE
 from .doc import Doc
 from .figures import legend_below, pyplot, save
-from .fmt import num
 
 
 def _value(e: dict | None) -> float | None:

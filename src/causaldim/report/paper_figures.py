@@ -6,10 +6,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..measures.sigma import HEADLINE
-from .direct import flagged
-from .fmt import ci, ci_of, features, growth, num, pct
-from .sae_quantities import (
+from ..claims.quantities import (
     calibrated,
     calibration_count,
     headline_sweep,
@@ -18,6 +15,9 @@ from .sae_quantities import (
     set_by_calibration,
     spread_text,
 )
+from ..fmt import ci, ci_of, features, growth, num, pct
+from ..measures.sigma import HEADLINE
+from .direct import flagged
 
 
 class Figure(NamedTuple):

@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import __version__, versions
+from ..claims.conditions import conditions
 from ..errors import UsageError
 from ..fileio import read_sealed_json, sha256_file
 from ..measures.debias import MIN_INDEPENDENT_PER_DIM
 from ..measures.sigma import HEADLINE
 from ..paper import PAPER
 from .cautions import collect, headline_object, touching_headline
-from .conditions import conditions
 
 if TYPE_CHECKING:
     from ..config import AnalysisConfig, HarvestConfig

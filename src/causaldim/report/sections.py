@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..claims.conditions import conditions_lines
+from ..fmt import ci, ci_of, features, growth, num, pct
 from ..model.sites import aliases
 from ..presets import command_for
 from .cautions import lines as caution_lines
 from .claims_doc import claims_section
-from .conditions import conditions_lines
 from .direct import (
     direct_kappa,
     direct_sigma,
@@ -20,7 +21,6 @@ from .direct import (
     rounds_line,
 )
 from .doc import Doc
-from .fmt import ci, ci_of, features, growth, num, pct
 from .metric import ladder_section, weights_section
 from .paper_figures import figures as paper_figures
 from .paper_figures import growth_ci, reading

@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..fmt import ci, ci_of, features, num, pct, sci
 from .doc import Doc
-from .fmt import ci, ci_of, features, num, pct, sci
 
 CRITERIA = {"aicc": "AICc", "aic": "AIC (too few widths for AICc)"}
 

@@ -164,7 +164,7 @@ def sae_rows(results: dict) -> list[Row]:
 
 def claim_rows(results: dict) -> list[Row]:
     """The paper's claims and their verdicts on this run (claims.py)."""
-    from .claims import claims
+    from ..claims import claims
 
     return [c.to_dict() for c in claims(results)]
 

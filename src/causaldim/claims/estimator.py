@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 
-from .claims_controls import (
+from ..fmt import ci, ci_of, growth, num, pct
+from .controls import (
     architectures,
     epsilon_depth,
     four_cell,
@@ -21,15 +22,15 @@ from .claims_controls import (
     task,
     thresholds,
 )
-from .fmt import ci, ci_of, growth, num, pct
-from .paper_figures import headline_sweep, reading
-from .sae_quantities import (
+from .quantities import (
     calibrated,
     calibration_count,
     direct,
     direct_text,
+    headline_sweep,
     kappa_hat_spread,
     paper_slope,
+    reading,
     set_by_calibration,
 )
 from .verdicts import (

@@ -5,8 +5,8 @@ for these conditions only."""
 
 from __future__ import annotations
 
+from ..fmt import pct
 from ..paper import CONDITIONS as PAPER_CONDITIONS
-from .fmt import pct
 
 
 def conditions(results: dict) -> dict:

@@ -4,12 +4,12 @@ reading E[J^T (I - 11^T/V) J] (the direct kappa, which decides) and on the paper
 E[J^T J] beside it. The SAE route never decides these: its counts are set by calibration.
 
 Two claims compare runs (the text, the scale): one run cannot test them; `causaldim
-claims RUN RUN ...` decides them across the runs given (claims_across.py)."""
+claims RUN RUN ...` decides them across the runs given (across.py)."""
 
 from __future__ import annotations
 
+from ..fmt import ci, num
 from ..measures.sigma import HEADLINE
-from .fmt import ci, num
 from .verdicts import (
     CONSTANT,
     FAILS,

@@ -1,7 +1,7 @@
 """The paper's claims, tested on one run, in two tables: (A) claims about kappa itself,
 decided by the direct estimate on the gauge-invariant reading with the paper's literal
-E[J^T J] beside it (claims_kappa.py); (B) claims about the SAE estimator, set against the
-direct kappa and the synthetic model's known kappa (claims_sae.py, claims_controls.py).
+E[J^T J] beside it (kappa.py); (B) claims about the SAE estimator, set against the
+direct kappa and the synthetic model's known kappa (estimator.py, controls.py).
 Per claim: the paper's figure, this run's with its interval, the rule that decides it and
 the verdict (holds / does not hold / not testable here, with the reason). Everything is
 read from results.json by rules written once and stated in docs/method.md ("The claims,
@@ -11,7 +11,9 @@ across runs by across_runs()."""
 from __future__ import annotations
 
 from ..measures.sigma import HEADLINE
-from . import claims_across, claims_kappa, claims_sae
+from . import across as claims_across
+from . import estimator as claims_sae
+from . import kappa as claims_kappa
 from .verdicts import ESTIMATOR, FAILS, HOLDS, KAPPA, UNTESTABLE, VERDICTS, Claim, Rule
 
 __all__ = ["FAILS", "HOLDS", "UNTESTABLE", "VERDICTS", "KAPPA", "ESTIMATOR", "Claim"]

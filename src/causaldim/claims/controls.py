@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 
-from .fmt import ci, growth, num, pct
-from .sae_quantities import (
+from ..fmt import ci, growth, num, pct
+from .quantities import (
     direct,
     headline_sweep,
     set_by_calibration,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 
+from ..fmt import ci, num
 from ..measures.sigma import HEADLINE
-from .fmt import ci, num
 from .verdicts import (
     CALIBRATION_NEAR,
     control,

@@ -7,9 +7,9 @@ from __future__ import annotations
 import copy
 
 import pytest
-from test_report_sections import make_results, text
+from results_factory import make_results, text
 
-from causaldim.report.claims import (
+from causaldim.claims import (
     ESTIMATOR,
     FAILS,
     HOLDS,
@@ -19,8 +19,8 @@ from causaldim.report.claims import (
     across_runs,
     claims,
 )
+from causaldim.claims.conditions import conditions
 from causaldim.report.claims_doc import claims_section
-from causaldim.report.conditions import conditions
 from causaldim.report.paper_figures import figures
 from causaldim.report.sections import beside_paper
 

@@ -1,14 +1,14 @@
 """The claims about kappa one run cannot test, decided across runs (`causaldim claims RUN
 RUN ...`, the atlas): the text (one model and layer, different corpora), the scale
 (different models at matched relative depth, one corpus) and training (a model against
-its nulls at one layer and corpus), each by claims_kappa's rules and in both metrics."""
+its nulls at one layer and corpus), each by kappa.py's rules and in both metrics."""
 
 from __future__ import annotations
 
 from itertools import combinations
 
 from ..measures.sigma import HEADLINE
-from .claims_kappa import (
+from .kappa import (
     ACT,
     LITERAL,
     MATCHED_DEPTH,
