@@ -83,7 +83,7 @@ def sigma_estimate(
             dict.fromkeys(CORRECTION_KEYS)
             if reading == "activations"
             else {
-                "n_independent": 0.2 * n,
+                "n_independent": (9.0 if converged else 3.0) * D,  # per the rule of 8 a dimension
                 "converged": converged,
                 "eval_tokens_needed": None if converged else 4 * n_tokens,
                 "correlation": [1.0, 0.5, 0.2],

@@ -44,6 +44,7 @@ def headline(results: dict) -> dict:
 def set_kappa(results, reading="logits", kappa=450.0, iv=(440.0, 460.0), pr=None, converged=True):
     est = results["sigma"][reading]
     est.update(erank_corrected=kappa, erank_corrected_95=list(iv), converged=converged)
+    est["n_independent"] = (9.0 if converged else 3.0) * D  # as the rule of 8 a dimension gives
     if pr is not None:
         est.update(participation_ratio_unbiased=sum(pr) / 2, participation_ratio_unbiased_95=pr)
     return results
@@ -84,15 +85,7 @@ def spectrum_untestable():
     return results
 
 
-def bound_holds():
-    return make_results()
-
-
-def bound_fails():
-    return set_kappa(make_results(), kappa=570.0, iv=(550.0, 590.0))  # above d = 576
-
-
-def bound_untestable():
+def no_direct_kappa():
     results = make_results()
     del results["sigma"]["logits"]
     return results
@@ -172,7 +165,7 @@ def rate_holds():
 
 
 def consistency_holds():
-    return set_kappa(make_results(), kappa=700.0, iv=(690.0, 710.0))  # kappa_hat [311, 698]
+    return set_kappa(make_results())  # kappa_hat's whole interval [311, 698] reaches 450 [440, 460]
 
 
 def consistency_fails():
@@ -198,8 +191,29 @@ def consistency_untestable():
     return results
 
 
+def coverage_at(width_over_d: int, n: float, n_95) -> dict:
+    """The widest SAE at width_over_d x d, with N_causal n there."""
+    results = set_kappa(make_results())
+    last = headline(results)["per_width"][-1]
+    last.update(width=width_over_d * D, n_causal=n, n_causal_95=list(n_95))
+    return results
+
+
 def coverage_holds():
-    return set_kappa(make_results())  # 301 [270, 333] / 450 [440, 460]
+    return coverage_at(320, 301.0, (270.0, 333.0))  # / 450 [440, 460]: 67%, at the paper's reach
+
+
+def kappa_hat_within(iv) -> dict:
+    results = make_results()
+    headline(results)["kappa"]["free"]["interval_95"] = list(iv)
+    return results
+
+
+def not_estimable() -> dict:
+    results = make_results()
+    a = headline(results)
+    a.update(estimable=False, not_estimable="N_causal does not grow over the widths")
+    return results
 
 
 def arch_row(name, causal, repr_=4.0):
@@ -276,7 +290,6 @@ def scale_with(*ps) -> dict:
 CASES = {
     "kappa_level": (level_holds, level_fails, level_untestable),
     "kappa_spectrum": (spectrum_holds, spectrum_fails, spectrum_untestable),
-    "kappa_bound": (bound_holds, bound_fails, bound_untestable),
     "kappa_depth": (depth_holds, depth_fails, depth_untestable),
     "kappa_training": (training_holds, training_fails, level_holds),  # no nulls measured
     "kappa_ladder": (
@@ -296,11 +309,16 @@ CASES = {
     "consistency": (consistency_holds, consistency_fails, consistency_untestable),
     "coverage": (
         coverage_holds,
-        make_results,
-        lambda: bound_untestable(),
+        lambda: coverage_at(320, 100.0, (90.0, 110.0)),  # 22% of kappa
+        make_results,  # the widest SAE is 7 d; the paper's share is at 455 d
+    ),
+    "kappa_hat_bound": (
+        lambda: kappa_hat_within((311.2, 560.0)),
+        make_results,  # the free fit's interval reaches 698 > d = 576
+        not_estimable,
     ),
     "architectures": (
-        lambda: architectures_with(1.2, 1.0, 0.8),
+        lambda: architectures_with(1.2, 1.5, 1.3),
         lambda: architectures_with(1.2, 3.5),
         lambda: architectures_with(1.2, None),
     ),
@@ -357,6 +375,98 @@ def test_each_rule_holds_fails_and_cannot_be_tested(key, expected):
     assert verdict(build(), key)[0] == expected
 
 
+def estimates(results: dict):
+    """Every direct estimate a results dict holds: each reading, its activation-weighted
+    twin, and the profile's layers'."""
+    tables = [results.get("sigma") or {}]
+    tables += list(((results.get("profile") or {}).get("layers") or {}).values())
+    for table in tables:
+        for est in table.values():
+            if not isinstance(est, dict):
+                continue
+            yield est
+            if est.get("activation_weighted"):
+                yield est["activation_weighted"]
+
+
+def producible(results: dict) -> list[str]:
+    """What in a results dict no estimator of causaldim could have written: a corrected
+    erank's interval outside [1, d] or without its point (debias.correct clips to [1, d]
+    around the point), a PR interval above the erank's (it is capped there), a
+    convergence flag the current rule would not give."""
+    from causaldim.measures.debias import MIN_INDEPENDENT_PER_DIM
+
+    d = results["store"]["model"]["d_model"]
+    wrong = []
+    for est in estimates(results):
+        k, iv = est.get("erank_corrected"), est.get("erank_corrected_95")
+        if k is not None and iv is not None and not 1.0 <= iv[0] <= k <= iv[1] <= d:
+            wrong.append(f"erank {k} {iv} outside [1, {d}] or without its point")
+        pr_iv = est.get("participation_ratio_unbiased_95")
+        if pr_iv and iv and pr_iv[1] > iv[1] + 1e-9:
+            wrong.append(f"PR interval {pr_iv} above the erank's {iv}")
+        n = est.get("n_independent")
+        n, flag = est.get("n_independent"), est.get("converged")
+        if n is not None and flag is not None and flag != (n >= MIN_INDEPENDENT_PER_DIM * d):
+            wrong.append(f"converged {flag} with {n} independent equivalents")
+    return wrong
+
+
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    [
+        (key, expected)
+        for key, builds in sorted(CASES.items())
+        for expected, build in zip((HOLDS, FAILS, UNTESTABLE), builds, strict=True)
+        if build is not None
+    ],
+)
+def test_every_case_is_an_output_the_estimators_can_produce(key, expected):
+    build = dict(zip((HOLDS, FAILS, UNTESTABLE), CASES[key], strict=True))[expected]
+    assert producible(build()) == []
+
+
+def test_producible_catches_what_the_estimator_cannot_write():
+    results = set_kappa(make_results(), kappa=570.0, iv=(550.0, 590.0))  # above d = 576
+    assert producible(results)
+
+
+def test_a_count_that_does_not_grow_is_not_sub_linear_growth():
+    found, reason = verdict(architectures_with(1.2, 1.0, 0.8), "architectures")
+    assert found == FAILS and "does not grow" in reason
+
+
+def test_coverage_set_by_the_calibration_decides_nothing():
+    a_count = 0.02 * headline(make_results())["reference_width"]  # (1 - p) m_ref
+    found, reason = verdict(coverage_at(320, a_count, (a_count, a_count)), "coverage")
+    assert found == UNTESTABLE and "calibration" in reason
+
+
+def test_thresholds_set_by_the_calibration_decide_nothing():
+    a = headline(make_results())
+    count = (1 - 95.0 / 100) * a["reference_width"]  # the 95th's calibration count
+    found, reason = verdict(threshold_rows(count, 430.0, 520.0), "thresholds")
+    assert found == HOLDS and "2 percentiles" in reason  # 430 and 520 alone decide
+    found, _ = verdict(threshold_rows(count, 430.0, 520.0, growing=2), "thresholds")
+    assert found == UNTESTABLE
+
+
+@pytest.mark.parametrize(
+    "task",
+    [
+        None,  # not run
+        {"skipped": "no prompts"},
+        {"n_ground_truth": 0, "recovered_fraction": None, "recovered_95": None},  # partial
+        {"n_ground_truth": 25, "recovered_fraction": 0.9, "recovered_95": [0.86, 1.0]},
+    ],
+)
+def test_the_claims_render_whatever_the_task_control_left(task):
+    results = make_results() if task is None else with_controls(task=task)
+    found, _ = verdict(results, "task")
+    assert found == (HOLDS if task and task.get("recovered_95") else UNTESTABLE)
+    assert "task" in text(claims_section, results=results)
+
+
 def test_the_scale_shape_differs_only_beyond_the_within_model_null():
     """With each model's split-half KS recorded, a tiny p is not enough: the KS between
     the models must also exceed both models' own."""
@@ -406,7 +516,7 @@ def test_kappa_hat_whole_uncertainty_takes_the_percentiles_in():
 
 def run(corpus: str, model: str, kappa: float, iv, layer=15, n_layers=30, family="llama"):
     results = set_kappa(make_results(), kappa=kappa, iv=iv)
-    results["inputs"]["corpus"]["sha256"] = corpus
+    results["inputs"]["corpus"].update(sha256=corpus, id=corpus)
     results["inputs"]["model"] = {"name": model, "family": family}
     results["store"]["layer"] = layer
     results["store"]["model"] = {**results["store"]["model"], "n_layers": n_layers}
@@ -421,16 +531,32 @@ def across(key: str, *runs) -> tuple[str, str]:
     return claim.verdict, claim.this_run
 
 
+def across_reason(key: str, *runs) -> tuple[str, str]:
+    (claim,) = [
+        c for c in across_runs([(f"run{i}", r) for i, r in enumerate(runs)]) if c.key == key
+    ]
+    return claim.verdict, claim.reason
+
+
 def test_across_runs():
-    code, prose = run("code", "m", 300.0, (295, 305)), run("prose", "m", 400.0, (395, 405))
-    assert across("kappa_text", code, prose)[0] == HOLDS
-    near = run("prose", "m", 303.0, (298, 308))
-    assert across("kappa_text", code, near)[0] == FAILS
-    assert across("kappa_text", code, copy.deepcopy(code))[0] == UNTESTABLE
+    # the text, directed: a narrow corpus against a broader one that holds it
+    narrow, broad = run("prose", "m", 300.0, (295, 305)), run("code+prose", "m", 400.0, (395, 405))
+    held, shown = across("kappa_text", narrow, broad)
+    assert held == HOLDS and shown.startswith("narrow run0")
+    assert across("kappa_text", broad, narrow)[0] == HOLDS  # the order given does not matter
+    more = run("prose", "m", 400.0, (395, 405))
+    assert across("kappa_text", more, run("code+prose", "m", 300.0, (295, 305)))[0] == FAILS
+    near = run("code+prose", "m", 303.0, (298, 308))
+    assert across("kappa_text", narrow, near)[0] == FAILS
+    assert across("kappa_text", run("code", "m", 300.0, (295, 305)), more)[0] == UNTESTABLE
+    assert across("kappa_text", narrow, copy.deepcopy(narrow))[0] == UNTESTABLE
+    # the scale: within a family only
     small = run("code", "small", 300.0, (295, 305), layer=14, n_layers=30)
-    big = run("code", "big", 350.0, (340, 360), layer=20, n_layers=42, family="gemma")
-    held, shown = across("kappa_scale", small, big)
-    assert held == HOLDS and "across families" in shown
+    big = run("code", "big", 350.0, (340, 360), layer=20, n_layers=42)
+    assert across("kappa_scale", small, big)[0] == HOLDS
+    other = run("code", "big", 350.0, (340, 360), layer=20, n_layers=42, family="gemma")
+    held, why = across_reason("kappa_scale", small, other)
+    assert held == UNTESTABLE and "one family" in why
     assert across("kappa_scale", small, run("code", "big", 700.0, (690, 710), 20, 42))[0] == FAILS
     assert across("kappa_scale", small, run("code", "big", 350.0, (340, 360), 5, 42))[0] == (
         UNTESTABLE

@@ -146,8 +146,8 @@ def test_headline_quotes_the_fits_the_direct_estimates_and_the_wedge():
         "- Direct kappa = erank(E[J^T (I - 11^T/V) J]) (the logits reading, each probe "
         "centred over the vocabulary; J pulled back through every later position, as AtP's "
         "gradient is), from 8,192 eval tokens: 258 [242, 275], 0.45 d, corrected for finite "
-        "samples (95%: sequences, simulation and remaining drift); converged, 1,638 "
-        "independent equivalents (2.8 per dimension; n_eff 2,048); participation ratio 94.7 "
+        "samples (95%: sequences, simulation and remaining drift); converged, 5,184 "
+        "independent equivalents (9.0 per dimension; n_eff 2,048); participation ratio 94.7 "
         "[87, 103]."
     ) in md
     assert (
@@ -390,7 +390,7 @@ def test_missing_values_render_as_na():
     assert "| hyperbolic | 433 | [n/a] | 19.87 | 9.87 | 9,880 | n/a |  |" in md
     assert (
         "| fisher | raw | erank(E[J^T (diag p - p p^T) J]) | 232 [n/a] | 0.403 | 79.9 | [n/a] | "
-        "210.9 | 1,638 | 8,192 |" in md
+        "210.9 | 5,184 | 8,192 |" in md
     )
     assert "nan" not in md
 
@@ -405,7 +405,7 @@ def test_direct_sigma_tabulates_every_reading_with_its_warning():
     ) in md
     assert (
         "| loss | raw | erank(E[g g^T]), g = dLoss/dh | 136 [121, 145] | 0.236 | 54.7 | [50, 59] | "
-        "123.4 | 1,638 | 8,192 | 8,192 |  |"
+        "123.4 | 5,184 | 8,192 | 8,192 |  |"
     ) in md
     assert "| fisher | raw | erank(E[J^T (diag p - p p^T) J]) | 232 [219, 253] |" in md
     assert "| not converged: erank changed |" in md
@@ -465,7 +465,7 @@ def test_sigma_table_lists_every_reading_and_its_warning():
     ]
     assert table[1].split() == [
         *("loss", "raw", "136", "[", "121.2,", "145.0]", "0.236", "54.7"),
-        *("123.4", "2.8", "yes", "8,192"),
+        *("123.4", "9.0", "yes", "8,192"),
     ]
     assert table[3].startswith("logits_uncentred ")
     assert table[4].startswith("fisher ")

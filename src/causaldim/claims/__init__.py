@@ -11,15 +11,14 @@ across runs by across_runs()."""
 from __future__ import annotations
 
 from ..measures.sigma import HEADLINE
-from . import across as claims_across
-from . import estimator as claims_sae
-from . import kappa as claims_kappa
+from . import across, estimator, kappa
+from .flags import current
 from .verdicts import ESTIMATOR, FAILS, HOLDS, KAPPA, UNTESTABLE, VERDICTS, Claim, Rule
 
 __all__ = ["FAILS", "HOLDS", "UNTESTABLE", "VERDICTS", "KAPPA", "ESTIMATOR", "Claim"]
 __all__ += ["RULES", "claims", "across_runs"]
 
-RULES: dict[str, tuple[Rule, ...]] = {KAPPA: claims_kappa.RULES, ESTIMATOR: claims_sae.RULES}
+RULES: dict[str, tuple[Rule, ...]] = {KAPPA: kappa.RULES, ESTIMATOR: estimator.RULES}
 TITLES = {
     KAPPA: "Claims about kappa, decided by the direct estimate",
     ESTIMATOR: "Claims about the SAE estimator, set against the direct kappa",
@@ -27,7 +26,9 @@ TITLES = {
 
 
 def claims(results: dict) -> list[Claim]:
-    """Every claim of both tables, decided on this run, table A first."""
+    """Every claim of both tables, decided on this run (its flags under the current
+    rule), table A first."""
+    results = current(results)
 
     def row(
         rule: Rule, table: str, decided: tuple, literal: tuple | None = None, act=None
@@ -44,8 +45,8 @@ def claims(results: dict) -> list[Claim]:
                 r,
                 KAPPA,
                 r.decide(results, HEADLINE),
-                r.decide(results, claims_kappa.LITERAL),
-                r.decide(results, claims_kappa.ACT),
+                r.decide(results, kappa.LITERAL),
+                r.decide(results, kappa.ACT),
             )
             for r in RULES[KAPPA]
         ),
@@ -54,7 +55,7 @@ def claims(results: dict) -> list[Claim]:
                 r,
                 ESTIMATOR,
                 r.decide(results),
-                act=r.decide(results, "act") if r.key in claims_sae.BOTH_METRICS else None,
+                act=r.decide(results, "act") if r.key in estimator.BOTH_METRICS else None,
             )
             for r in RULES[ESTIMATOR]
         ),
@@ -63,5 +64,5 @@ def claims(results: dict) -> list[Claim]:
 
 def across_runs(runs: list[tuple[str, dict]]) -> list[Claim]:
     """The claims one run cannot test (kappa and the text, kappa and the scale), decided
-    across the runs given, each named."""
-    return claims_across.across(runs)
+    across the runs given, each named (their flags under the current rule)."""
+    return across.across([(name, current(r)) for name, r in runs])

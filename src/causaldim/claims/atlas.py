@@ -8,6 +8,7 @@ from ..measures.sigma import HEADLINE
 from ..model.nulls import split_null
 from ..paper import MIDDLE_DEPTH, PAPER, depth_layer
 from .across import across
+from .flags import current
 from .kappa import ACT, ladder_count, level
 
 
@@ -44,7 +45,7 @@ def _run_at(cell: dict, layer: str) -> tuple[str, dict]:
         if int(layer) == (cell.get("ladder") or {}).get("layer")
         else None,
     }
-    return f"{c['model']} on {c['corpus']}, seq {c['seq_len']}", results
+    return f"{c['model']} on {c['corpus']}, seq {c['seq_len']}", current(results)
 
 
 def _middle(cell: dict) -> str:

@@ -19,6 +19,7 @@ from .verdicts import (
     EPSILON_FALLS,
     FAILS,
     FLAT_NORMS,
+    GROWS,
     HOLDS,
     INFLATED,
     MIN_CAUSAL,
@@ -64,6 +65,14 @@ def architectures(results: dict, c: dict) -> Decided:
         )
     if any(not finite(r.get("n_causal_growth"), r.get("n_repr_growth")) for r in rows):
         return shown, UNTESTABLE, "an architecture has no growth (N_causal 0 at the smallest width)"
+    flat = [r["architecture"] for r in rows if r["n_causal_growth"] < GROWS]
+    if flat:
+        return (
+            shown,
+            FAILS,
+            f"N_causal does not grow (below x{GROWS:g}) for {', '.join(flat)}: a count that "
+            "does not grow is not sub-linear growth",
+        )
     faster = [r["architecture"] for r in rows if r["n_causal_growth"] > r["n_repr_growth"] / SLOWER]
     l0 = (
         ""
@@ -83,8 +92,8 @@ def architectures(results: dict, c: dict) -> Decided:
         shown,
         HOLDS,
         (
-            f"N_causal grows at most 1/{SLOWER:g} as fast as N_repr for all {len(rows)} "
-            f"architectures{l0}"
+            f"N_causal grows (x{GROWS:g}+) at most 1/{SLOWER:g} as fast as N_repr for all "
+            f"{len(rows)} architectures{l0}"
         ),
     )
 
@@ -115,15 +124,22 @@ def thresholds(results: dict, c: dict) -> Decided:
             f"; within x{CALIBRATION_NEAR:g} of its calibration's count (1 - p) m_ref at "
             + ", ".join(f"{p:g}th" for p in forced)
         )
-    if len(grows) < 2:
-        return shown, UNTESTABLE, f"kappa_hat is estimable at {len(grows)} percentile(s) (needs 2)"
-    kappas = [r["kappa_hat"] for r in grows]
+    free = [r for r in grows if r["percentile"] not in forced]
+    if len(free) < 2:
+        return (
+            shown,
+            UNTESTABLE,
+            f"kappa_hat is estimable and not the calibration's count at {len(free)} "
+            "percentile(s) (needs 2): where the calibration sets it, kappa_hat follows p by "
+            "construction",
+        )
+    kappas = [r["kappa_hat"] for r in free]
     spread = max(kappas) / min(kappas) if min(kappas) > 0 else math.inf
     return decided(
         shown,
         spread <= CONSTANT,
-        f"largest / smallest kappa_hat over the {len(grows)} percentiles where it exists "
-        f"{spread:.2f} (robust: <= {CONSTANT})",
+        f"largest / smallest kappa_hat over the {len(free)} percentiles where it exists and "
+        f"is not the calibration's count {spread:.2f} (robust: <= {CONSTANT})",
     )
 
 
@@ -237,7 +253,13 @@ def synthetic(results: dict, c: dict) -> Decided:
 
 @needs("task", "--controls task")
 def task(results: dict, c: dict) -> Decided:
-    n, iv = c["n_ground_truth"], c["recovered_95"]
+    n, iv = c.get("n_ground_truth") or 0, c.get("recovered_95")
+    if iv is None or not finite(c.get("recovered_fraction"), *iv):
+        return (
+            f"{n} ground-truth features",
+            UNTESTABLE,
+            "no recovery measured (no ground-truth feature, so no interval)",
+        )
     shown = (
         f"{pct(c['recovered_fraction'])} [{pct(iv[0])}, {pct(iv[1])}] of {n} ground-truth features"
     )

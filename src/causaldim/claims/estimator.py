@@ -39,6 +39,7 @@ from .verdicts import (
     CONSTANT,
     EPSILON_FALLS,
     FAILS,
+    GROWS,
     INFLATED,
     LEVEL,
     MIN_CAUSAL,
@@ -209,11 +210,27 @@ def coverage(results: dict, metric: str = "raw") -> Decided:
         )
     k, k_95 = est["erank_corrected"], est["erank_corrected_95"]
     share = [n_95[0] / k_95[1], n_95[1] / k_95[0]]
+    d, paper = results["store"]["model"]["d_model"], results["paper"]
+    reach, paper_reach = last["width"] / d, paper["widest_width"] / paper["d_model"]
     share_text = f"[{pct(share[0])}, {pct(share[1])}]"
     shown = (
         f"N_causal {num(n)} {ci(n_95)} at the widest SAE ({last['width']:,}) / the direct "
         f"kappa {direct_text(results, metric)} = {pct(n / k)} {share_text}{own}"
     )
+    if reach < paper_reach / LEVEL:
+        return (
+            shown,
+            UNTESTABLE,
+            f"the widest SAE is {reach:,.0f} d; the paper's share is at {paper_reach:,.0f} d "
+            f"(a sweep to {paper_reach / LEVEL:,.0f} d or more compares it)",
+        )
+    if set_by_calibration(n, a):
+        return (
+            shown,
+            UNTESTABLE,
+            f"N_causal at the widest SAE is within x{CALIBRATION_NEAR} of the calibration's "
+            f"count {calibrated(calibration_count(a), a)}: the share is set by the calibration",
+        )
     low, high = band(results["paper"]["coverage"], cap=0.95)
     inside = meets(share, low, high)
     return decided(
@@ -222,6 +239,34 @@ def coverage(results: dict, metric: str = "raw") -> Decided:
         f"the share's interval {share_text} "
         + ("meets" if inside else "misses")
         + f" [{100 * low:.0f}%, {100 * high:.0f}%) (part, not all, of kappa)",
+    )
+
+
+def kappa_hat_bound(results: dict) -> Decided:
+    """kappa <= min(d, |V|) holds for any Sigma_L; the direct estimate's interval is
+    clipped to [1, d], so only the SAE route's kappa_hat, an extrapolated fit, can break
+    it (the paper's interval reaches 5,130 > d)."""
+    a = headline_sweep(results)
+    model = results["store"]["model"]
+    cap = min(model["d_model"], model.get("vocab_size") or model["d_model"])
+    s = kappa_hat_spread(results)
+    if s is None:
+        return "n/a", UNTESTABLE, f"kappa_hat not estimable ({a['not_estimable']})"
+    shown = f"kappa_hat {num(s['kappa'])}, its whole interval {ci(s['whole'])}, against {cap:,}"
+    if set_by_calibration(s["kappa"], a):
+        return (
+            shown,
+            UNTESTABLE,
+            f"kappa_hat is within x{CALIBRATION_NEAR} of the calibration's count "
+            f"{calibrated(calibration_count(a), a)}: it measures the percentile",
+        )
+    inside = s["whole"][1] <= cap
+    return decided(
+        shown,
+        inside,
+        f"the whole interval's upper end {num(s['whole'][1])} "
+        + ("is within" if inside else "exceeds")
+        + f" min(d, |V|) = {cap:,}",
     )
 
 
@@ -263,21 +308,33 @@ RULES = (
         "coverage",
         "the widest SAE recovers part, not all, of kappa",
         lambda p: f"{pct(p['coverage'])} of kappa_hat at width 1,048,576",
-        f"N_causal at the widest SAE / the direct kappa meets [{pct(band(0.72)[0])}, 95%)",
+        f"N_causal at the widest SAE / the direct kappa meets [{pct(band(0.72)[0])}, 95%), "
+        "with the widest SAE at the paper's width / d (within x1.5) and N_causal not the "
+        "calibration's count",
         coverage,
+    ),
+    Rule(
+        "kappa_hat_bound",
+        "kappa <= min(d, |V|), so kappa_hat should be too (the paper's interval is not)",
+        lambda p: f"kappa_hat {ci(p['kappa_hat_95'])} against d = {p['d_model']:,}",
+        "kappa_hat's whole interval (tokens, percentiles, seeds) within min(d, |V|); a "
+        "kappa_hat set by the calibration does not decide",
+        kappa_hat_bound,
     ),
     Rule(
         "architectures",
         "the sub-linear growth of N_causal holds for TopK, JumpReLU and ReLU",
         lambda p: "holds for all three",
-        f"for every architecture, N_causal's growth at most 1/{SLOWER:g} of N_repr's",
+        f"for every architecture, N_causal grows (x{GROWS:g}+) at most 1/{SLOWER:g} as fast "
+        "as N_repr",
         architectures,
     ),
     Rule(
         "thresholds",
         "kappa_hat is robust to the calibration percentile (95th to 99.5th)",
         lambda p: "robust",
-        f"kappa_hat's largest / smallest <= {CONSTANT} over the percentiles where it exists (2+)",
+        f"kappa_hat's largest / smallest <= {CONSTANT} over the percentiles where it exists "
+        "and is not the calibration's count (2+)",
         thresholds,
     ),
     Rule(

@@ -18,6 +18,7 @@ KAPPA, ESTIMATOR = "kappa", "estimator"
 LEVEL = 1.5  # a level agrees with the paper's if the interval meets [paper / 1.5, paper x 1.5]
 CONSTANT = 1.5  # "constant": largest / smallest within this factor
 MIN_WEDGE_SLOPE = 0.5  # N_repr's log-log slope, for "grows almost linearly" (paper: 0.66)
+GROWS = 1.1  # a count "grows" over the sweep by at least this factor
 SLOWER = 1.5  # per architecture, N_causal's growth at most N_repr's / this: "sub-linear"
 EPSILON_FALLS = 2.0  # "epsilon falls": first layer's over the last's at least this
 INFLATED = 2.0  # random-encoder inflation of N_causal at the reference width, at least

@@ -26,7 +26,7 @@ def claims_section(doc: Doc, results: dict, level: int = 2) -> None:
     doc.h(level, "The paper's claims, tested")
     doc.p(
         "Each verdict is computed from results.json by a rule written once in causaldim "
-        "(report/claims*.py; docs/method.md says why each), and holds for these conditions "
+        "(claims/*.py; docs/method.md says why each), and holds for these conditions "
         "only:"
     )
     doc.ul(conditions_lines(results))

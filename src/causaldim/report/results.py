@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from .. import __version__, versions
 from ..claims.conditions import conditions
+from ..claims.flags import current
 from ..errors import UsageError
 from ..fileio import read_sealed_json, sha256_file
 from ..measures.debias import MIN_INDEPENDENT_PER_DIM
@@ -54,7 +55,7 @@ def load_results(path: Path | str) -> dict:
             f"{path} has schema {schema or 'none (an older causaldim)'}, this causaldim "
             f"reads {SCHEMA}: re-run `causaldim run` with the same --out to rebuild it"
         )
-    return results
+    return current(results)  # every flag under today's rule, whenever the run was
 
 
 def direct_kappa(sigma: dict) -> dict | None:
