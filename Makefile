@@ -31,6 +31,7 @@ test: setup
 lint: setup
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/pyright
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

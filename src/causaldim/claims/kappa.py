@@ -45,8 +45,8 @@ def of_reading(sigma: dict, reading: str) -> dict | None:
     return (est or {}).get("activation_weighted") if metric == "act" else est
 
 
-def _estimate(results: dict, reading: str) -> tuple[dict | None, str | None]:
-    """The reading's estimate, or why a rule cannot use it."""
+def _estimate(results: dict, reading: str) -> tuple[dict | None, str]:
+    """The reading's estimate, or why a rule cannot use it ("" where it can)."""
     est = of_reading(results.get("sigma") or {}, reading)
     if not est and reading == ACT and (results.get("sigma") or {}).get(HEADLINE):
         return None, "no activation-weighted reading (measured before causaldim had it)"
@@ -59,7 +59,7 @@ def _estimate(results: dict, reading: str) -> tuple[dict | None, str | None]:
         return None, f"the {reading} reading has not converged" + (
             f" (about {need:,} eval tokens would do)" if need else ""
         )
-    return est, None
+    return est, ""
 
 
 def _kappa(est: dict) -> str:
@@ -209,7 +209,7 @@ def depth(results: dict, reading: str) -> Decided:
                 f"{unconverged})"
             ),
         )
-    lo, hi = min(kappas, key=kappas.get), max(kappas, key=kappas.get)
+    lo, hi = min(kappas, key=lambda i: kappas[i]), max(kappas, key=lambda i: kappas[i])
     spread = kappas[hi] / kappas[lo]
     shown = (
         f"{num(kappas[lo])} (layer {lo}) to {num(kappas[hi])} (layer {hi}) over "

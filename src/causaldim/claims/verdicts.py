@@ -60,7 +60,8 @@ class Rule(NamedTuple):
     claim: str
     paper: Callable[[dict], str]  # the paper's figure, from results["paper"]
     test: str
-    decide: Callable[[dict], Decided]
+    # table A: (results, reading); table B: (results) or, in BOTH_METRICS, (results, metric)
+    decide: Callable[..., Decided]
 
 
 def finite(*values) -> bool:

@@ -5,6 +5,7 @@ atlas answers, every number from the cells (atlas.json) and their rows (atlas.cs
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 
 from ..claims.atlas import atlas_claims
 from ..measures.sigma import HEADLINE
@@ -204,7 +205,11 @@ def _num(x) -> str:
 
 
 def markdown(
-    cfg: dict, cells: list[dict], table: list[dict], command: str, missing: list[str] = ()
+    cfg: dict,
+    cells: list[dict],
+    table: list[dict],
+    command: str,
+    missing: Sequence[str] = (),
 ) -> str:
     lines = [
         "# The atlas: the direct kappa across models, text, context and depth",

@@ -76,11 +76,12 @@ def _left_out(results: dict) -> list[dict]:
     if analysis.get("include_outliers") or (o.get("variance_share") or 0) < MOST_VARIANCE:
         return []
     share = o["n_outliers"] / o["n_tokens"] if o.get("n_tokens") else None
+    of_them = "" if share is None else f" ({100 * share:.1f}% of them)"
     return [
         _item(
             LEFT_OUT,
             f"position 0 and tokens with a residual norm above {o['factor']:g}x the median, "
-            f"{o['n_outliers']:,} tokens ({100 * share:.1f}% of them), were left out of Sigma "
+            f"{o['n_outliers']:,} tokens{of_them}, were left out of Sigma "
             f"and the SAEs; they carry {100 * o['variance_share']:.1f}% of the residual "
             "variance (--include-outliers keeps them)",
             CAUTION,

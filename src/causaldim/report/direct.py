@@ -284,9 +284,9 @@ def direct_sigma(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
             rows.append(
                 [
                     reading,
-                    "n/a" if not usable else f"{mine:,.1f}",
-                    "n/a" if not usable else f"{theirs:,.1f} {ci(e['erank_corrected_95'])}",
-                    "n/a" if not usable else f"{100 * (theirs / mine - 1):+.1f}%",
+                    f"{mine:,.1f}" if usable and mine is not None else "n/a",
+                    f"{theirs:,.1f} {ci(e['erank_corrected_95'])}" if usable else "n/a",
+                    f"{100 * (theirs / mine - 1):+.1f}%" if usable and mine else "n/a",
                     f"{e['n_tokens']:,}",
                     "yes" if e["converged"] else "NO",
                 ]

@@ -300,7 +300,7 @@ def plot_profile(results: dict, path: Path) -> Path:
             [r[key] for r in rows],
             style,
             ms=3,
-            label=READING_LABELS.get(reading, reading) + ("" if corrected else " (plug-in)"),
+            label=(READING_LABELS.get(reading) or reading) + ("" if corrected else " (plug-in)"),
         )
         if corrected and all(r["erank_corrected_95"] for r in rows):
             ax_erank.fill_between(
