@@ -44,11 +44,12 @@ def growth(x) -> str:
 
 
 def ci_of(point, iv, digits: int = 0) -> str:
-    """A resampled 95% interval beside its point: said to be biased where it misses the
-    point (a percentile bootstrap of a count that resampling lowers, such as the features
-    that fire at least once, lies below it), never passed off as holding it."""
+    """A resampled 95% interval beside its point; none where it misses the point (a
+    percentile bootstrap of a count that resampling lowers, such as the features that
+    fire at least once, lies below it): such an interval covers the resampling's bias,
+    not the point's uncertainty, and is not printed."""
     text = ci(iv, digits)
     if text == "[n/a]" or point is None or iv[0] <= point <= iv[1]:
         return text
     side = "below" if iv[1] < point else "above"
-    return f"{text} (resampling bias: all {side} the point)"
+    return f"[no interval: the resamples lie all {side} the point]"

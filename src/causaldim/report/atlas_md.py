@@ -8,6 +8,7 @@ import statistics
 from collections.abc import Sequence
 
 from ..claims.atlas import atlas_claims
+from ..claims.conditions import kappa_intervals
 from ..measures.sigma import HEADLINE
 from .atlas import METRICS, short
 from .metric import log_correlation
@@ -286,6 +287,8 @@ def markdown(
             f"| {claim} | {shown} | {verdict} | {why} |".replace("\n", " ")
             for claim, shown, verdict, why in atlas_claims(cells)
         ),
+        "",
+        kappa_intervals(),
     ]
     lines += [
         "",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..claims import ESTIMATOR, KAPPA, TITLES, VERDICTS, across_runs, claims
-from ..claims.conditions import conditions_lines
+from ..claims.conditions import conditions_lines, kappa_intervals, sae_intervals
 from ..claims.quantities import (
     calibrated,
     calibration_count,
@@ -78,6 +78,7 @@ def claims_tables(doc: Doc, results: dict | None, found: list, level: int) -> No
                     for c in rows
                 ],
             )
+            doc.p(kappa_intervals())
             continue
         context = "" if results is None else estimator_context(results)
         doc.p(
@@ -99,6 +100,7 @@ def claims_tables(doc: Doc, results: dict | None, found: list, level: int) -> No
                 for c in rows
             ],
         )
+        doc.p(f"{sae_intervals()} {kappa_intervals()}")
 
 
 def _verdict_cell(shown: str, verdict: str, reason: str) -> str:

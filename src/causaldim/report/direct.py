@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..fmt import ci, num, pct
+from ..claims.conditions import kappa_intervals
+from ..fmt import ci, ci_of, num, pct
 from ..measures.debias import REPORT_FLOOR
 from ..measures.sigma import DEFINITIONS, HEADLINE
 from .doc import Doc
@@ -124,6 +125,7 @@ def direct_kappa(sigma: dict, d: int) -> list[str]:
     lines = []
     if HEADLINE in sigma:
         est = sigma[HEADLINE]
+        pr = est.get("participation_ratio_unbiased")
         state = "converged" if est["converged"] else "NOT converged"
         lines.append(
             f"Direct kappa = {DEFINITIONS[HEADLINE]} (the logits reading, each probe centred "
@@ -133,8 +135,7 @@ def direct_kappa(sigma: dict, d: int) -> list[str]:
             + ", corrected "
             f"for finite samples (95%: sequences, simulation and remaining drift); {state}, "
             f"{_independent(est, d)}; participation ratio "
-            f"{num(est['participation_ratio_unbiased'])} "
-            f"{ci(est['participation_ratio_unbiased_95'])}."
+            f"{num(pr)} {ci_of(pr, est.get('participation_ratio_unbiased_95'))}."
         )
         act = est.get("activation_weighted")
         if act:
@@ -268,6 +269,7 @@ def direct_sigma(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
         ],
         rows,
     )
+    doc.p(kappa_intervals())
     other = results.get("sigma_other_outliers")
     if other:
         kept = next(iter(other.values()))["outliers"] == "kept"
@@ -407,7 +409,7 @@ def outlier_choice(results: dict) -> str | None:
         moved = "n/a (too few independent samples to compare)"
     else:
         change = 100 * (theirs / value - 1)
-        moved = f"{theirs:,.0f} {ci(other['erank_corrected_95'])} ({change:+.1f}%)"
+        moved = f"{theirs:,.0f} {ci_of(theirs, other['erank_corrected_95'])} ({change:+.1f}%)"
     return (
         f"Outliers {choice} ({pct(share)} of the tokens, {pct(o['variance_share'])} of "
         f"the residual variance); with them {'left out' if kept else 'kept'}, the same tokens "

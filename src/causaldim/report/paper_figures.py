@@ -85,7 +85,7 @@ def figures(results: dict) -> dict[str, Figure]:
         "kappa_hat": Figure(
             "kappa_hat [95% CI over the tokens]",
             (
-                f"{free['kappa']:,.0f} {ci(free['interval_95'])}"
+                f"{free['kappa']:,.0f} {ci_of(free['kappa'], free['interval_95'])}"
                 + (
                     f", set by the calibration: its count is {calibrated(calibration_count(a), a)}"
                     if set_by_calibration(free["kappa"], a)
@@ -108,7 +108,7 @@ def figures(results: dict) -> dict[str, Figure]:
         ),
         "kappa_sae": Figure(
             "kappa_SAE, plug-in (widest) [95% CI]",
-            f"{num(att['widest'])} {ci(att['widest_95'])}" if att else "n/a",
+            f"{num(att['widest'])} {ci_of(att['widest'], att['widest_95'])}" if att else "n/a",
             "",
         ),
         "direct_kappa": Figure(

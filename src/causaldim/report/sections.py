@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..claims.conditions import conditions_lines
-from ..fmt import ci, ci_of, features, growth, num, pct
+from ..fmt import ci_of, features, growth, num, pct
 from ..model.sites import aliases
 from ..presets import command_for
 from .cautions import lines as caution_lines
@@ -74,10 +74,11 @@ def kappa_line(a: dict) -> str:
         return f"kappa_hat: not estimable ({a['not_estimable']})"
     free, bounded = a["kappa"]["free"], a["kappa"]["at_most_d"]
     return (
-        f"kappa_hat {free['kappa']:.0f} {ci(free['interval_95'])} ({free['form']}, by "
+        f"kappa_hat {free['kappa']:.0f} {ci_of(free['kappa'], free['interval_95'])} "
+        f"({free['form']}, by "
         f"{CRITERIA[free['criterion']]}), kappa_hat/d "
         f"{free['kappa_over_d']:.2f}, coverage {pct(free['coverage'])}; constrained to d: "
-        f"{bounded['kappa']:.0f} {ci(bounded['interval_95'])}"
+        f"{bounded['kappa']:.0f} {ci_of(bounded['kappa'], bounded['interval_95'])}"
     )
 
 
@@ -165,12 +166,13 @@ def headline(doc: Doc, results: dict) -> None:
         items += [
             f"SAE estimate ({arch}, {free['form']} fit chosen by "
             f"{CRITERIA[free['criterion']]}): kappa_hat = "
-            f"{free['kappa']:,.0f}, 95% bootstrap interval {ci(free['interval_95'])}; "
+            f"{free['kappa']:,.0f}, 95% bootstrap interval "
+            f"{ci_of(free['kappa'], free['interval_95'])}; "
             f"kappa_hat / d = {free['kappa_over_d']:.2f}; coverage at the widest SAE "
             f"N_causal(m_max) / kappa_hat = {pct(free['coverage'])}; 95% of kappa_hat is "
             f"reached at a width of {features(free['width_95'])}.",
             f"Constrained to kappa <= d: kappa_hat = {bounded['kappa']:,.0f} "
-            f"{ci(bounded['interval_95'])} ({bounded['form']}).",
+            f"{ci_of(bounded['kappa'], bounded['interval_95'])} ({bounded['form']}).",
         ]
     else:
         items.append(

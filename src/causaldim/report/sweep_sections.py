@@ -158,7 +158,8 @@ def diagnostics(doc: Doc, a: dict) -> None:
             num(r["median_firings_train"]),
             num(r["median_firings_eval"]),
             pct(r["top_firing_rate"]),
-            f"{num(att[r['width']]['erank'])} {ci(att[r['width']]['erank_95'])}"
+            f"{num(att[r['width']]['erank'])} "
+            f"{ci_of(att[r['width']]['erank'], att[r['width']]['erank_95'])}"
             if r["width"] in att
             else "n/a",
         ]
@@ -194,7 +195,8 @@ def attributed_text(att: dict) -> str:
     change = att["change_at_widest"]
     moved = "" if change is None else f", {100 * change:+.1f}% from the second widest"
     return (
-        f" At the widest SAE kappa_SAE is {num(att['widest'])} {ci(att['widest_95'])}{moved}. "
+        f" At the widest SAE kappa_SAE is {num(att['widest'])} "
+        f"{ci_of(att['widest'], att['widest_95'])}{moved}. "
         "It is a plug-in erank, biased low at few samples per dimension and not corrected "
         "as the direct kappa is, so the headline does not set it beside the direct kappa."
     )
