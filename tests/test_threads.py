@@ -78,6 +78,8 @@ def test_the_numbers_do_not_depend_on_the_thread_count(tmp_path, tiny_model, tex
         assert cli.main(args) == 0
         results = json.loads((out / "results.json").read_text())
         assert results["threads"]["threads"] == n
+        head = results["sigma"]["logits"]  # the corrections are computed, so compared
+        assert head["erank_corrected"] is not None and head["erank_corrected_95"] is not None
         found[n] = dict(_numbers(results))
         # every printed digit, the run's folder, timings, threads and digests of bytes aside
         run_own = r"seconds: [^\n]*|\d+ thread\(s\)|sha256 [0-9a-f]{64}|[\d.]+ s \([\d.]+ min\)"
