@@ -16,6 +16,7 @@ from causaldim.claims import (
     KAPPA,
     RULES,
     UNTESTABLE,
+    VERDICTS,
     across_runs,
     claims,
 )
@@ -465,6 +466,34 @@ def test_the_claims_render_whatever_the_task_control_left(task):
     found, _ = verdict(results, "task")
     assert found == (HOLDS if task and task.get("recovered_95") else UNTESTABLE)
     assert "task" in text(claims_section, results=results)
+
+
+def _without_intervals(node):
+    """A control's result cut short: every interval (a key ending in _95) None."""
+    if isinstance(node, dict):
+        return {k: None if k.endswith("_95") else _without_intervals(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_without_intervals(v) for v in node]
+    return node
+
+
+@pytest.mark.parametrize("key", sorted(k for k, builds in CASES.items() if builds[0] is not None))
+def test_the_claims_render_with_each_control_missing_partial_or_whole(key):
+    whole = CASES[key][0]()
+    for name in list(whole.get("controls") or {}):
+        for results in (
+            whole,
+            {
+                **whole,
+                "controls": {
+                    **whole["controls"],
+                    name: _without_intervals(whole["controls"][name]),
+                },
+            },
+            {**whole, "controls": {c: v for c, v in whole["controls"].items() if c != name}},
+        ):
+            assert {c.verdict for c in claims(results)} <= set(VERDICTS)
+            assert "The paper's claims, tested" in text(claims_section, results=results)
 
 
 def test_the_scale_shape_differs_only_beyond_the_within_model_null():

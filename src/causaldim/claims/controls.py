@@ -181,6 +181,8 @@ def four_cell(results: dict, c: dict) -> Decided:
 
 def _auc_state(auc_95) -> str:
     low, high = 0.5 - AUC_MARGIN, 0.5 + AUC_MARGIN
+    if not auc_95 or not finite(*auc_95):
+        return "unclear"  # no interval: neither alike nor different
     if auc_95[0] >= low and auc_95[1] <= high:
         return "alike"
     if auc_95[0] > high or auc_95[1] < low:
