@@ -255,21 +255,35 @@ def four_cell_with(inflation) -> dict:
 CELLS = ("trained/trained", "random/trained", "trained/random", "random/random")
 
 
-def geometry_with(*auc_95s, n_causal=40, spread=0.0) -> dict:
+def geometry_with(*auc_95s, n_causal=40, spread=0.0, matched=None) -> dict:
+    """AUC intervals per width; matched: the firing-matched ones (a control before the
+    matching has none)."""
+
+    def row(iv):
+        return {"n_causal": n_causal, "auc": sum(iv) / 2, "auc_95": list(iv)}
+
     rows = [
         {
             "width": 64 * 2**i,
-            "nn_cosine": {"n_causal": n_causal, "auc": sum(iv) / 2, "auc_95": list(iv)},
-            "decoder_norm": {"n_causal": n_causal, "auc": 0.5, "auc_95": [0.5, 0.5]},
+            "nn_cosine": row(iv),
+            "decoder_norm": row([0.5, 0.5]),
         }
         for i, iv in enumerate(auc_95s)
     ]
+    for r, iv in zip(rows, matched or [], strict=False):
+        r.update(nn_cosine_matched=row(iv), decoder_norm_matched=row([0.5, 0.5]))
     return with_controls(geometry={"rows": rows, "max_decoder_norm_spread": spread})
 
 
-def synthetic_with(*recalls) -> dict:
-    rows = [{"width": 64 * 2**i, "recall": r} for i, r in enumerate(recalls)]
-    return with_controls(synthetic={"rows": rows, "k": 8, "direct": {"erank": 8.0}})
+def synthetic_with(*recalls, outside=0.9) -> dict:
+    """Recall per width, and the share of the AtP-selected features mostly outside the
+    planted subspace at every width; planted and other features fire alike."""
+    rows = [
+        {"width": 64 * 2**i, "recall": r, "selected_noncausal_fraction": outside}
+        for i, r in enumerate(recalls)
+    ]
+    spec = {"causal_density": 0.024, "feature_density": 0.024}
+    return with_controls(synthetic={"rows": rows, "k": 8, "direct": {"erank": 8.0}, "spec": spec})
 
 
 def task_with(n, iv) -> dict:
@@ -430,6 +444,31 @@ def test_every_case_is_an_output_the_estimators_can_produce(key, expected):
 def test_producible_catches_what_the_estimator_cannot_write():
     results = set_kappa(make_results(), kappa=570.0, iv=(550.0, 590.0))  # above d = 576
     assert producible(results)
+
+
+def test_geometry_decides_on_features_that_fire_as_often():
+    # unmatched, causal features look apart; against non-causal ones that fire as often,
+    # alike: the difference was firing frequency
+    results = geometry_with((0.66, 0.75), (0.62, 0.70), matched=[(0.45, 0.55), (0.42, 0.58)])
+    found, _ = verdict(results, "geometry")
+    assert found == HOLDS
+    (claim,) = [c for c in claims(results) if c.key == "geometry"]
+    assert "firing-matched 0.50 [0.45, 0.55]" in claim.this_run
+    assert (
+        "not matched"
+        in [c for c in claims(geometry_with((0.45, 0.55))) if c.key == "geometry"][0].this_run
+    )
+
+
+def test_the_synthetic_claim_judges_recall_and_where_the_selected_features_lie():
+    assert verdict(synthetic_with(0.0, 0.0, outside=0.9), "synthetic")[0] == HOLDS
+    # recall 0, yet what AtP selects lies inside the planted subspace: it did not miss it
+    found, reason = verdict(synthetic_with(0.0, 0.0, outside=0.2), "synthetic")
+    assert found == FAILS and "inside the planted subspace" in reason
+    biased = synthetic_with(0.0)
+    biased["controls"]["synthetic"]["spec"]["causal_density"] = 0.25
+    (claim,) = [c for c in claims(biased) if c.key == "synthetic"]
+    assert "fire 10x as often" in claim.this_run
 
 
 def test_a_count_that_does_not_grow_is_not_sub_linear_growth():

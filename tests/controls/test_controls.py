@@ -8,7 +8,7 @@ import torch
 
 from causaldim.config import AnalysisConfig
 from causaldim.controls.four_cell import four_cell, randomized
-from causaldim.controls.geometry import geometric_privilege
+from causaldim.controls.geometry import frequency_matched, geometric_privilege
 from causaldim.controls.l0 import matched_l0
 from causaldim.controls.thresholds import PERCENTILES, threshold_robustness
 from causaldim.harvest.store import write_store
@@ -169,3 +169,43 @@ def test_geometric_privilege_finds_a_planted_difference_and_not_a_missing_one():
 def test_auc_is_a_probability_of_superiority():
     assert auc(np.array([3.0, 4.0]), np.array([1.0, 2.0])) == 1.0
     assert auc(np.array([1.0]), np.array([1.0])) == 0.5
+
+
+def test_frequency_matching_pairs_each_causal_feature_with_one_that_fires_as_often():
+    fired = np.array([100, 90, 5, 1, 95, 4, 0, 98])
+    causal = np.array([0, 2])
+    other = np.array([False, True, False, True, False, True, False, True])  # 6 never fired
+    gen = np.random.default_rng(0)
+    picks = [frequency_matched(fired, causal, other, gen).tolist() for _ in range(40)]
+    assert {p[0] for p in picks} == {7}  # 98 is within 5% of 100; 90 is not
+    assert {p[1] for p in picks} == {5}  # 4 is the nearest to 5
+    fired[7] = 102
+    picks = [frequency_matched(fired, causal, other, gen)[0] for _ in range(40)]
+    assert set(picks) == {7}
+    fired[1] = 98  # two within 5%: drawn from both
+    assert {frequency_matched(fired, causal, other, gen)[0] for _ in range(40)} == {1, 7}
+    assert frequency_matched(fired, causal, np.zeros(8, dtype=bool), gen).tolist() == []
+
+
+def test_geometry_matched_on_firing_removes_a_difference_that_is_frequency():
+    """Features that fire often sit close together (a cluster); AtP selects frequent
+    ones: unmatched, causal features look closer to their neighbours; against non-causal
+    features that fire as often, alike."""
+    gen = torch.Generator().manual_seed(0)
+    width = 300
+    sae = build(SAEConfig("topk", D, width, k=2))
+    sae.reset(gen)
+    frequent = torch.zeros(width, dtype=torch.bool)
+    frequent[:100] = True
+    with torch.no_grad():  # the frequent features crowd around one direction
+        centre = torch.randn(D, generator=gen)
+        sae.W_dec[frequent] = centre + 0.3 * torch.randn(100, D, generator=gen)
+    causal = torch.zeros(width, dtype=torch.bool)
+    causal[:40] = True  # causal: a random half of the frequent features
+    fired = torch.where(frequent, 500.0, 5.0).double()
+    atp = torch.where(causal, 1.0, 0.01).double()
+    scores = {width: Scores(atp[None], fired[None], torch.tensor([1]), torch.tensor([2]))}
+    row = geometric_privilege({width: sae}, scores, 0.5, seed=0, resamples=100)["rows"][0]
+    assert row["nn_cosine"]["auc_95"][0] > 0.6  # unmatched: a difference
+    lo, hi = row["nn_cosine_matched"]["auc_95"]
+    assert lo < 0.5 < hi  # matched: none

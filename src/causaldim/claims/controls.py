@@ -24,6 +24,7 @@ from .verdicts import (
     INFLATED,
     MIN_CAUSAL,
     MIN_TRUTH,
+    MOSTLY_OUTSIDE,
     RECALL_NEAR_ZERO,
     RECOVERY,
     SLOWER,
@@ -193,14 +194,24 @@ def _auc_state(auc_95) -> str:
 @needs("geometry", "--controls geometry")
 def geometry(results: dict, c: dict) -> Decided:
     tied = c["max_decoder_norm_spread"] < FLAT_NORMS
-    measures = ["nn_cosine"] + ([] if tied else ["decoder_norm"])
+    # against non-causal features that fire as often, where the control matched them: AtP
+    # selects frequent features, and frequency alone moves the nearest-neighbour cosine
+    matched = all("nn_cosine_matched" in r for r in c["rows"])
+    suffix = "_matched" if matched else ""
+    measures = [f"nn_cosine{suffix}"] + ([] if tied else [f"decoder_norm{suffix}"])
     eligible = [r for r in c["rows"] if r["nn_cosine"]["n_causal"] >= MIN_CAUSAL]
-    states = {r["width"]: {m: _auc_state(r[m]["auc_95"]) for m in measures} for r in eligible}
+    states = {r["width"]: {m: _auc_state(r[m].get("auc_95")) for m in measures} for r in eligible}
     differ = [w for w, s in states.items() if "differ" in s.values()]
     alike = [w for w, s in states.items() if set(s.values()) == {"alike"}]
     auc = "; ".join(
         f"{r['width']:,}: nn-cosine AUC {num(r['nn_cosine']['auc'], 2)} "
         f"{ci(r['nn_cosine']['auc_95'], 2)}"
+        + (
+            f", firing-matched {num(r['nn_cosine_matched']['auc'], 2)} "
+            f"{ci(r['nn_cosine_matched']['auc_95'], 2)}"
+            if matched
+            else ""
+        )
         for r in eligible
     )
     norm = (
@@ -209,7 +220,9 @@ def geometry(results: dict, c: dict) -> Decided:
         if tied
         else "decoder norm compared too"
     )
-    shown = f"{auc or 'no width'}; {norm}"
+    shown = f"{auc or 'no width'}; {norm}" + (
+        "" if matched else "; not matched on firing frequency (a control before it was)"
+    )
     if not eligible:
         return shown, UNTESTABLE, f"no width has {MIN_CAUSAL} causal features to compare"
     margin = f"[{0.5 - AUC_MARGIN:.1f}, {0.5 + AUC_MARGIN:.1f}]"
@@ -237,19 +250,35 @@ def geometry(results: dict, c: dict) -> Decided:
 @needs("synthetic", "--controls synthetic")
 def synthetic(results: dict, c: dict) -> Decided:
     rows = c["rows"]
-    recalls = ", ".join(f"{r['width']:,}: {pct(r['recall'])}" for r in rows)
-    d = c.get("direct") or {}
-    shown = (
-        f"recall per width {recalls}; the direct erank {num(d.get('erank'), 2)} for k = {c['k']}"
+    per_width = ", ".join(
+        f"{r['width']:,}: recall {pct(r['recall'])}, outside "
+        f"{pct(r.get('selected_noncausal_fraction'))}"
+        for r in rows
     )
-    found = [r["width"] for r in rows if r["recall"] > RECALL_NEAR_ZERO]
-    if not rows:
-        return shown, UNTESTABLE, "no width was scored"
+    d, spec = c.get("direct") or {}, c.get("spec") or {}
+    shown = (
+        f"per width, the planted directions recalled and the share of AtP-selected features "
+        f"mostly outside the planted subspace: {per_width}; the direct erank "
+        f"{num(d.get('erank'), 2)} for k = {c['k']}"
+    )
+    density = spec.get("causal_density"), spec.get("feature_density")
+    if density[0] is not None and density[0] != density[1]:
+        shown += (
+            f"; the planted directions fire {density[0] / density[1]:.0f}x as often as the "
+            "rest (a toy built for the SAE to learn them)"
+        )
+    judged = [r for r in rows if r.get("selected_noncausal_fraction") is not None]
+    if not judged:
+        return shown, UNTESTABLE, "no width selected a feature (or the share was not recorded)"
+    found = [r["width"] for r in judged if r["recall"] > RECALL_NEAR_ZERO]
+    inside = [r["width"] for r in judged if r["selected_noncausal_fraction"] < MOSTLY_OUTSIDE]
     return decided(
         shown,
-        not found,
-        f"recall above {pct(RECALL_NEAR_ZERO)} at {len(found)} of {len(rows)} widths"
-        + (f" ({', '.join(f'{w:,}' for w in found)})" if found else ""),
+        not found and not inside,
+        f"recall above {pct(RECALL_NEAR_ZERO)} at {len(found)} of {len(judged)} widths; the "
+        f"selected features mostly inside the planted subspace (less than "
+        f"{pct(MOSTLY_OUTSIDE)} outside) at {len(inside)} (missing the planted directions: "
+        "neither)",
     )
 
 

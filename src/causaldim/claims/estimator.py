@@ -45,6 +45,7 @@ from .verdicts import (
     MIN_CAUSAL,
     MIN_TRUTH,
     MIN_WEDGE_SLOPE,
+    MOSTLY_OUTSIDE,
     RECALL_NEAR_ZERO,
     RECOVERY,
     SLOWER,
@@ -358,7 +359,8 @@ RULES = (
         "synthetic",
         "AtP-selected SAE features miss the planted causal directions of a toy model",
         lambda p: "recall 0",
-        f"recall at most {pct(RECALL_NEAR_ZERO)} at every width",
+        f"at every width, recall at most {pct(RECALL_NEAR_ZERO)} and at least "
+        f"{pct(MOSTLY_OUTSIDE)} of the AtP-selected features mostly outside the planted subspace",
         synthetic,
     ),
     Rule(

@@ -23,6 +23,7 @@ SLOWER = 1.5  # per architecture, N_causal's growth at most N_repr's / this: "su
 EPSILON_FALLS = 2.0  # "epsilon falls": first layer's over the last's at least this
 INFLATED = 2.0  # random-encoder inflation of N_causal at the reference width, at least
 RECALL_NEAR_ZERO = 0.1  # "recall 0": a width's recall of planted directions at most
+MOSTLY_OUTSIDE = 0.5  # "missed": at least this share of the selected features lie outside U
 RECOVERY = 0.8  # "recover nearly all": the task recovery's interval lies above this
 MIN_TRUTH = 20  # ground-truth task features needed to estimate a recovery
 MIN_CAUSAL = 10  # causal features a width needs for the geometry comparison

@@ -54,8 +54,10 @@ class SyntheticSpec:
     d: int = 64  # residual width
     k: int = 8  # planted causal directions
     n_features: int = 256  # non-causal features in superposition in the other d - k dims
-    feature_density: float = 0.024  # P(a non-causal feature fires); mean L0 ~6 + 2 planted
-    causal_density: float = 0.25  # P(a planted feature fires); 1.0: always on (dense)
+    feature_density: float = 0.024  # P(a non-causal feature fires); mean L0 ~6 + 0.2 planted
+    # P(a planted feature fires): as often as the rest, so nothing but their effect on the
+    # output sets them apart (at 0.25, 10x the rest, the SAE learned them by construction)
+    causal_density: float = 0.024
     causal_scale: float = 1.0  # planted magnitudes relative to the non-causal ones
     # Enough for SAEs to learn the planted directions (at 65,536 tokens x 3 epochs they
     # found at most half of them; at 262,144 all, at every width of the default sweep)
