@@ -120,7 +120,8 @@ def test_title_states_the_model_the_store_and_the_run():
         "TransformerLens/SAELens blocks.15.hook_resid_post = blocks.16.hook_resid_pre, Hugging "
         "Face hidden_states[16], sparsify layers.15, Gemma Scope layer_15; d = 576; corpus: "
         "builtin-py3.11; 57,344 train and 8,192 eval tokens in sequences of 128; outliers left "
-        "out: 1,234 tokens carrying 45.7% of the residual variance. Preset default, seed 7, "
+        "out: 1,234 tokens (512 at position 0 of their sequence, 722 by norm), carrying 45.7% "
+        "of the residual variance. Preset default, seed 7, "
         f"causaldim {__version__}, 612 s (10.2 min) in all."
     ) in md
     r = make_results()
@@ -746,3 +747,14 @@ def test_a_bar_inside_a_table_cell_does_not_end_it():
     doc.table(["claim", "verdict"], [["kappa <= min(d, |V|)", "holds"]])
     (row,) = [r for r in doc.markdown(Path("/")).splitlines() if r.startswith("| kappa")]
     assert row == "| kappa <= min(d, \\|V\\|) | holds |"
+
+
+def test_outliers_that_are_all_position_0_are_said_to_be():
+    from causaldim.report.cautions import outlier_count
+
+    gemma = {"n_outliers": 640, "n_tokens": 81_920}  # 640 sequences of 128
+    assert outlier_count(gemma, 128) == "640 tokens, each position 0 of its sequence"
+    assert outlier_count({"n_outliers": 700, "n_tokens": 81_920}, 128) == (
+        "700 tokens (640 at position 0 of their sequence, 60 by norm)"
+    )
+    assert outlier_count({"n_outliers": 7}, 128) == "7 tokens"

@@ -297,13 +297,17 @@ def markdown(
         "cell, the model's weights included (n/a: a cell measured before peaks were kept).",
     ]
     unconverged = [r for r in table if r["reading"] == HEADLINE and r["converged"] is False]
-    if unconverged:
-        need = max(r["eval_tokens_needed"] or 0 for r in unconverged)
+    needs = sorted(r["eval_tokens_needed"] for r in unconverged if r["eval_tokens_needed"])
+    if needs:
+        # a linear extrapolation from each reading's count: the median says what most
+        # layers need; the largest is one layer's, and the extrapolation can undershoot
         lines += [
             "",
             f"Not converged: {len(unconverged)} of the headline's layer readings (both "
-            f"metrics); about {need:,} eval tokens a cell would do at all of them "
-            "(`--eval-tokens`).",
+            f"metrics). Each reading's count, extrapolated linearly, gives the eval tokens it "
+            f"would need: a median of about {statistics.median(needs):,.0f} over these "
+            f"readings, {needs[-1]:,} for the one that needs most; an extrapolation, which "
+            "has undershot (`--eval-tokens`).",
         ]
     return "\n".join(lines) + "\n"
 

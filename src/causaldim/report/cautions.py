@@ -67,6 +67,19 @@ POOR = 0.5  # an SAE below this FVE or CE loss recovered reconstructs poorly
 LEFT_OUT = "direct.outliers_left_out"
 
 
+def outlier_count(o: dict, seq_len: int) -> str:
+    """The tokens left out, and how many are position 0 of their sequence: a rule set in
+    advance (Gemma's 640 "outliers" are its 640 sequences' first tokens), not a selection
+    by the data."""
+    n = o["n_outliers"]
+    first = o["n_tokens"] // seq_len if o.get("n_tokens") and seq_len else None
+    if first is None or first > n:
+        return f"{n:,} tokens"
+    if first == n:
+        return f"{n:,} tokens, each position 0 of its sequence"
+    return f"{n:,} tokens ({first:,} at position 0 of their sequence, {n - first:,} by norm)"
+
+
 def _left_out(results: dict) -> list[dict]:
     """Outlier tokens left out of Sigma and the SAEs that hold most of the residual
     variance: what the headline integrates is not the whole stream."""
@@ -81,7 +94,7 @@ def _left_out(results: dict) -> list[dict]:
         _item(
             LEFT_OUT,
             f"position 0 and tokens with a residual norm above {o['factor']:g}x the median, "
-            f"{o['n_outliers']:,} tokens{of_them}, were left out of Sigma "
+            f"{outlier_count(o, store.get('seq_len') or 0)}{of_them}, were left out of Sigma "
             f"and the SAEs; they carry {100 * o['variance_share']:.1f}% of the residual "
             "variance (--include-outliers keeps them)",
             CAUTION,

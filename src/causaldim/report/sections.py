@@ -11,6 +11,7 @@ from ..fmt import ci_of, features, growth, num, pct
 from ..model.sites import aliases
 from ..presets import command_for
 from .cautions import lines as caution_lines
+from .cautions import outlier_count
 from .claims_doc import claims_section
 from .direct import (
     direct_kappa,
@@ -136,7 +137,7 @@ def title(doc: Doc, results: dict) -> None:
         f"d = {d}; corpus: {corpus.get('description', corpus['id'])}; "
         f"{s['tokens']['train']:,} train and {s['tokens']['eval']:,} eval tokens"
         f"{extended(s)} in sequences of {s['seq_len']}; "
-        f"outliers left out: {s['outliers']['n_outliers']:,} tokens "
+        f"outliers left out: {outlier_count(s['outliers'], s['seq_len'])}, "
         f"carrying {pct(s['outliers']['variance_share'])} of the residual variance. "
         f"Preset {results['preset']}, seed {results['seed']}, causaldim "
         f"{results['causaldim_version']}, {results['seconds']['total']:.0f} s "
