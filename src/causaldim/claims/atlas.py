@@ -9,26 +9,30 @@ from ..model.nulls import split_null
 from ..paper import MIDDLE_DEPTH, PAPER, depth_layer
 from .across import across
 from .flags import current
-from .kappa import ACT, ladder_count, level
+from .kappa import ACT, depth, ladder_count, level, spectrum
+
+
+def _sigma_at(cell: dict, layer: str) -> dict:
+    """One layer's readings (outliers left out), as a run's results.json holds them."""
+    d = cell["model"]["d_model"]
+    sigma = {
+        r: {**e, "samples_per_dim": e["n_samples"] / d}
+        for r, e in cell["layers"][layer]["left out"].items()
+        if r != "activations"
+    }
+    for e in sigma.values():  # the twin, likewise
+        if e.get("activation_weighted"):
+            twin = e["activation_weighted"]
+            e["activation_weighted"] = {**twin, "samples_per_dim": twin["n_samples"] / d}
+    return sigma
 
 
 def _run_at(cell: dict, layer: str) -> tuple[str, dict]:
-    """One cell's layer (outliers left out) as the claims rules read a run."""
+    """One cell's layer as the claims rules read a run, the cell's other layers as its
+    profile."""
     c = cell["cell"]
     model = cell["model"]
-    est = cell["layers"][layer]["left out"]
-    sigma = {
-        r: {**e, "samples_per_dim": e["n_samples"] / model["d_model"]}
-        for r, e in est.items()
-        if r != "activations"
-    }
-    for e in sigma.values():  # the twin, as a run's results.json holds it
-        if e.get("activation_weighted"):
-            twin = e["activation_weighted"]
-            e["activation_weighted"] = {
-                **twin,
-                "samples_per_dim": twin["n_samples"] / model["d_model"],
-            }
+    sigma = _sigma_at(cell, layer)
     _, null = split_null(c["model"])
     results = {
         "store": {
@@ -40,6 +44,7 @@ def _run_at(cell: dict, layer: str) -> tuple[str, dict]:
             "model": {"name": c["model"], "null": None if null is None else null.to_dict()},
         },
         "sigma": sigma,
+        "profile": {"layers": {i: _sigma_at(cell, i) for i in cell["layers"]}},
         "paper": PAPER,
         "ladder": cell.get("ladder")
         if int(layer) == (cell.get("ladder") or {}).get("layer")
@@ -67,12 +72,14 @@ def atlas_claims(cells: list[dict]) -> list[tuple[str, str, str, str]]:
             out.append((key, claim.this_run, claim.verdict, claim.reason))
             if claim.activation_weighted:
                 out.append((f"{key}, activation-weighted", *claim.activation_weighted))
-    for c in cells:
+    for c in cells:  # each model's own: the level and spectrum there, the depth over layers
         if c["cell"]["seq_len"] == max(seqs) and c["cell"]["corpus"] != "builtin":
             name, results = _run_at(c, _middle(c))
             for reading, label in ((HEADLINE, ""), (ACT, ", activation-weighted")):
                 shown, verdict, why = level(results, reading)
                 out.append((f"kappa_level (0.86 d){label}, {name}", shown, verdict, why))
+                out.append((f"kappa_spectrum{label}, {name}", *spectrum(results, reading)))
+                out.append((f"kappa_depth{label}, {name}", *depth(results, reading)))
     for c in cells:  # kappa against the directions the output needs, where measured
         if c.get("ladder"):
             name, results = _run_at(c, _middle(c))

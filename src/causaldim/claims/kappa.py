@@ -183,7 +183,8 @@ def profile_kappas(results: dict, reading: str) -> tuple[dict[int, float], list[
     the profile's corrected erank of the reading where it converged; and the layers left
     out for not converging."""
     layers = (results.get("profile") or {}).get("layers") or {}
-    n = len(layers)
+    # the model's blocks, not the profile's count: an atlas cell may hold a few depths
+    n = results["store"]["model"].get("n_layers") or len(layers)
     kept, unconverged = {}, []
     for key, readings in layers.items():
         i, est = int(key), of_reading(readings, reading)
