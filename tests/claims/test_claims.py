@@ -108,16 +108,23 @@ def profile(kappas: dict[int, float], converged=True) -> dict:
 FLAT = {0: 50.0, 1: 300.0, 2: 320.0, 3: 310.0, 6: 290.0, 7: 900.0}  # the ends are left out
 
 
+def eight_layers(prof: dict) -> dict:
+    """A run of an eight-block model with its all-layer profile."""
+    results = make_results(profile=prof)
+    results["store"]["model"]["n_layers"] = 8
+    return results
+
+
 def depth_holds():
-    return make_results(profile=profile(FLAT))
+    return eight_layers(profile(FLAT))
 
 
 def depth_fails():
-    return make_results(profile=profile({0: 1.0, 1: 100.0, 2: 200.0, 3: 300.0, 6: 400.0, 7: 1.0}))
+    return eight_layers(profile({0: 1.0, 1: 100.0, 2: 200.0, 3: 300.0, 6: 400.0, 7: 1.0}))
 
 
 def depth_untestable():
-    return make_results(profile=profile(FLAT, converged=False))
+    return eight_layers(profile(FLAT, converged=False))
 
 
 def with_ladder(k05: int | None, kappa=450.0, iv=(440.0, 460.0)) -> dict:
