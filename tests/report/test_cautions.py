@@ -10,7 +10,8 @@ from results_factory import make_results, text, with_warnings
 import causaldim
 from causaldim.fileio import write_sealed_json
 from causaldim.report.cautions import collect, touching_headline
-from causaldim.report.sections import read_with_care, summary
+from causaldim.report.first_screen import first_screen
+from causaldim.report.sections import summary
 
 
 def note(code: str):
@@ -107,10 +108,10 @@ def test_each_warning_is_everywhere_the_numbers_are(tmp_path, code, raise_it):
     results["warnings"] = collect(results, notes)
     results["headline"]["warnings"] = touching_headline(results["warnings"], "topk")
     (w,) = [w for w in results["warnings"] if w["code"] == code]
-    line = f"[{w['severity']}] {code}: {w['message']}"
-    assert line in summary(results)  # printed by the CLI after its table
-    report = text(read_with_care, results=results)
-    assert report.startswith("## Read with care") and f"- {line}" in report
+    words = f"{w['message'][:1].upper()}{w['message'][1:]}"
+    assert f"{words} ({code})" in summary(results)  # printed by the CLI after its table
+    report = text(first_screen, results=results)
+    assert "## Read with care" in report and f"- {words} (`{code}`)" in report
     write_sealed_json(tmp_path / "results.json", results)
     assert w in causaldim.load(tmp_path).warnings
     touches = code.startswith(("direct.logits.", "direct.outliers_left_out", "sae.topk."))

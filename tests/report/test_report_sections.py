@@ -41,6 +41,7 @@ from causaldim.report.sections import (
     provenance,
     summary,
     title,
+    title_text,
 )
 from causaldim.report.sweep_sections import sweeps
 
@@ -100,7 +101,7 @@ def test_doc_html_escapes_text_and_inlines_images(tmp_path):
     page = doc.html("title <&>")
     assert page.startswith("<!doctype html>") and page.endswith("</body></html>\n")
     assert "<title>title &lt;&amp;&gt;</title>" in page
-    assert "<h1>A &amp; B</h1>" in page
+    assert "<h1 id='a--b'>A &amp; B</h1>" in page
     assert "<p>kappa &lt;= d &amp; &lt;b&gt;bold&lt;/b&gt;</p>" in page
     assert "<b>" not in page
     assert "<ul><li>x &gt; y</li></ul>" in page
@@ -113,8 +114,8 @@ def test_doc_html_escapes_text_and_inlines_images(tmp_path):
 
 
 def test_title_states_the_model_the_store_and_the_run():
+    assert title_text(make_results()) == "Causal dimensionality of smollm2-135m, layer 15"
     md = text(title, results=make_results())
-    assert md.startswith("# Causal dimensionality of smollm2-135m, layer 15\n")
     assert (
         "Residual stream at the output of block 15 (model.layers[15]), named elsewhere "
         "TransformerLens/SAELens blocks.15.hook_resid_post = blocks.16.hook_resid_pre, Hugging "
@@ -128,7 +129,7 @@ def test_title_states_the_model_the_store_and_the_run():
     r["inputs"]["model"]["description"] = "SmolLM2-135M-Instruct, GGUF Q4_1 de-quantised"
     r["inputs"]["corpus"]["description"] = "docstrings of the Python 3.11 standard library"
     md = text(title, results=r)
-    assert "\n\nSmolLM2-135M-Instruct, GGUF Q4_1 de-quantised. Residual stream at" in md
+    assert md.startswith("SmolLM2-135M-Instruct, GGUF Q4_1 de-quantised. Residual stream at")
     assert "; corpus: docstrings of the Python 3.11 standard library; " in md
 
 
@@ -182,12 +183,38 @@ def test_read_with_care_opens_the_report_with_every_warning():
     md = build_report(results, {}).markdown(Path("/"))
     assert md.index("## Read with care") < md.index("## Headline")
     for code, w in zip(CODES, WARNINGS, strict=True):
-        assert f"- [caution] sae.topk.{code}: topk: {w}" in md
+        assert f"- Topk: {w} (`sae.topk.{code}`)" in md
     assert results["headline"]["warnings"] == [f"sae.topk.{c}" for c in CODES]
     results["sweep"]["topk"]["cautions"] = []
     with_warnings(results)
     md = build_report(results, {}).markdown(Path("/"))
     assert "Read with care" not in md and results["warnings"] == []
+
+
+def test_the_first_screen_leads_with_kappa_then_the_claims_then_cautions_then_provenance():
+    results = make_results()
+    results["sigma"]["logits"].update(converged=False, n_independent=3.0 * D)
+    results["sigma"]["logits"]["eval_tokens_needed"] = 40_000
+    results["sigma"]["logits"]["cautions"] = [["not_converged", "not converged: more tokens"]]
+    with_warnings(results)
+    md = build_report(results, {}).markdown(Path("/"))
+    kappa = md.index("- **kappa of layer 15**")
+    claims_a = md.index("- Claims about kappa, decided by the direct estimate:")
+    claims_b = md.index("- Claims about the SAE estimator, set against the direct kappa:")
+    cautions = md.index("## Read with care")
+    provenance = md.index("Residual stream at the")
+    assert md.index("# Causal dimensionality") < kappa < claims_a < claims_b < cautions
+    assert cautions < provenance < md.index("## Headline")
+    first = md[kappa : md.index("\n", kappa)]
+    assert "NOT converged (3.0 per dimension; about 40,000 eval tokens would do)" in first
+    assert ", converged (" not in first
+    assert "(#a-claims-about-kappa-decided-by-the-direct-estimate)" in md
+    assert "### A. Claims about kappa, decided by the direct estimate" in md
+    # the first caution is the one that touches the headline's number
+    listed = md[cautions:].split("\n- ")[1]
+    assert "direct.logits.not_converged" in listed
+    html = build_report(results, {}).html("t")
+    assert "id='a-claims-about-kappa-decided-by-the-direct-estimate'" in html
 
 
 def test_beside_paper_sets_each_number_of_the_run_beside_the_papers():
@@ -286,7 +313,7 @@ def test_a_sweep_whose_counts_do_not_grow_gives_no_kappa_hat_but_the_reason():
     assert "| kappa_hat [95% CI over the tokens] | not estimable | 1,990 [545, 5,130] |" in md
     assert "| kappa_hat / d | n/a | 0.86 |" in md
     assert "kappa_hat = 433" not in md and "Constrained to kappa <= d" not in md
-    assert summary(results).splitlines()[2] == f"kappa_hat: not estimable ({reason})"
+    assert summary(results).splitlines()[4] == f"kappa_hat: not estimable ({reason})"
 
 
 def test_sweeps_diagnose_the_estimator_and_the_splits():
@@ -497,22 +524,30 @@ def test_sigma_table_writes_a_missing_interval_as_na():
 
 
 def test_summary_is_the_few_lines_printed_at_the_end():
-    assert summary(make_results()).splitlines() == [
+    lines = summary(make_results()).splitlines()
+    assert lines[0] == (
+        "kappa of layer 15 (d = 576): 258 [242, 275] = 0.45 d, converged (9.0 independent "
+        "equivalents per dimension) raw, the paper's definition; not measured "
+        "activation-weighted."
+    )
+    assert lines[1].startswith("Claims about kappa, decided by the direct estimate: ")
+    assert lines[2].startswith("Claims about the SAE estimator, set against the direct kappa: ")
+    assert lines[3:] == [
         "topk sweep 1024..4096: N_repr x3.78, N_causal x7.34 over x4 in width (AtP over all "
         "tokens; over firing tokens: x7.34); epsilon 3.21e-05",
-        "direct kappa (logits): raw 258 [242, 275], 0.45 d",
         "kappa_hat 433 [311, 698] (hyperbolic, by AICc), kappa_hat/d 0.75, coverage 69.6%; "
         "constrained to d: 433 [311, 576]",
         *conditions_lines(make_results()),
         "read with care (3):",
-        *[f"  [caution] sae.topk.{c}: topk: {w}" for c, w in zip(CODES, WARNINGS, strict=True)],
+        *[f"  Topk: {w} (sae.topk.{c})" for c, w in zip(CODES, WARNINGS, strict=True)],
     ]
     results = make_results()
     results["sweep"]["topk"]["cautions"] = []
-    # sweep, direct kappa, kappa_hat, conditions
-    assert len(summary(with_warnings(results)).splitlines()) == 5
+    # kappa, two claims lines, sweep, kappa_hat, conditions
+    assert len(summary(with_warnings(results)).splitlines()) == 7
     lines = summary(without_bootstrap()).splitlines()
-    assert "[n/a]" in lines[1] and "coverage n/a" in lines[1]  # no logit probes: no direct line
+    assert lines[0] == "kappa of layer 15: not measured (the run had no logit probes)."
+    assert "[n/a]" in lines[4] and "coverage n/a" in lines[4]
 
 
 def test_build_report_puts_the_sections_in_order():
@@ -688,7 +723,7 @@ def test_an_unconverged_headline_is_flagged_by_the_api_and_in_the_warnings(tmp_p
     res = causaldim.load(tmp_path)
     assert "(not converged; about 32,768 eval tokens would do)" in repr(res)
     assert "not converged" in repr(res.kappa) and res.warnings == results["warnings"]
-    assert "[caution] direct.logits.not_converged" in summary(results)
+    assert "(direct.logits.not_converged)" in summary(results).split("read with care")[1]
 
 
 def test_the_fits_table_holds_every_fit_the_report_shows_estimable_or_not():

@@ -80,7 +80,7 @@ class Doc:
                 "max-width:1180px;margin:2em auto;line-height:1.45}table{border-collapse:"
                 "collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:"
                 "left;vertical-align:top}td.n{text-align:right;white-space:nowrap}th{background:"
-                "#f3f3f3}img{max-width:100%}code{background:#f3f3f3;padding:0 2px}"
+                "#f3f3f3}img{max-width:100%}code{background:#f3f3f3;padding:0 2px;font-size:85%}"
                 ".wide{max-width:100%;overflow-x:auto}"
                 "</style></head><body>",
                 self.html_body(),
@@ -93,8 +93,9 @@ class Doc:
         e = html.escape
         out = []
         for b in self.blocks:
-            if b[0] == "h":
-                out.append(f"<h{b[1]}>{inline(b[2])}</h{b[1]}>")
+            if b[0] == "h":  # the anchor Markdown's readers (GitHub) give it too
+                anchor = re.sub(r"[^\w\- ]", "", b[2].lower()).strip().replace(" ", "-")
+                out.append(f"<h{b[1]} id='{e(anchor)}'>{inline(b[2])}</h{b[1]}>")
             elif b[0] == "p":
                 out.append(f"<p>{inline(b[1])}</p>")
             elif b[0] == "ul":

@@ -10,18 +10,17 @@ from ..claims.conditions import conditions_lines
 from ..fmt import ci_of, features, growth, num, pct
 from ..model.sites import aliases
 from ..presets import command_for
-from .cautions import lines as caution_lines
 from .cautions import outlier_count
 from .claims_doc import claims_section
 from .direct import (
     direct_kappa,
     direct_sigma,
-    metric_line,
     outlier_choice,
     profile_section,
     rounds_line,
 )
 from .doc import Doc
+from .first_screen import caution_words, claims_lines, direct_line, first_screen
 from .metric import ladder_section, weights_section
 from .paper_figures import figures as paper_figures
 from .paper_figures import growth_ci, reading
@@ -50,23 +49,26 @@ def summary(results: dict) -> str:
     a = results["sweep"][arch]
     w = a["wedge"]
     lines = [
+        kappa_line_plain(results),
+        *claims_lines(results, links=False),
         f"{arch} sweep {a['per_width'][0]['width']}..{a['per_width'][-1]['width']}: "
         f"N_repr {growth(w['n_repr_growth'])}, N_causal {growth(w['n_causal_growth'])} "
         f"over x{w['width_ratio']:g} in width (AtP over {a['normalisation']} tokens; over "
         f"{a['sensitivity']['normalisation']} tokens: "
         f"{growth(a['sensitivity']['n_causal_growth'])}); epsilon {a['epsilon']:.3g}",
-        *filter(
-            None, [metric_line(results.get("sigma", {}), results["store"]["model"]["d_model"])]
-        ),
         kappa_line(a),
         *[x for x in (outlier_choice(results), rounds_line(results)) if x],
         *conditions_lines(results),
     ]
-    warned = results.get("warnings") or []
-    if warned:
-        lines.append(f"read with care ({len(warned)}):")
-        lines += [f"  {line}" for line in caution_lines(warned)]
+    words = caution_words(results)
+    if words:
+        lines.append(f"read with care ({len(words)}):")
+        lines += [f"  {line.replace('`', '')}" for line in words]
     return "\n".join(lines)
+
+
+def kappa_line_plain(results: dict) -> str:
+    return direct_line(results).replace("**", "")
 
 
 def kappa_line(a: dict) -> str:
@@ -88,8 +90,9 @@ def build_report(results: dict, figures: dict[str, Path]) -> Doc:
     from ..controls import report_controls  # the controls render their own sections
 
     doc = Doc()
-    title(doc, results)
-    read_with_care(doc, results)
+    doc.h(1, title_text(results))
+    first_screen(doc, results)  # the answer, the verdicts, the cautions
+    title(doc, results)  # then where it comes from
     headline(doc, results)
     beside_paper(doc, results)
     claims_section(doc, results)
@@ -104,15 +107,6 @@ def build_report(results: dict, figures: dict[str, Path]) -> Doc:
     return doc
 
 
-def read_with_care(doc: Doc, results: dict) -> None:
-    """Every warning the run raised, first thing after the title (cautions touch the
-    headline's numbers; notes the rest)."""
-    warned = results.get("warnings") or []
-    if warned:
-        doc.h(2, "Read with care")
-        doc.ul(caution_lines(warned))
-
-
 def extended(store: dict) -> str:
     """The --headline-tokens extension in words, or nothing."""
     ext = store.get("headline_extension")
@@ -125,11 +119,18 @@ def extended(store: dict) -> str:
     )
 
 
+def title_text(results: dict) -> str:
+    return (
+        f"Causal dimensionality of {results['inputs']['model']['name']}, layer "
+        f"{results['store']['layer']}"
+    )
+
+
 def title(doc: Doc, results: dict) -> None:
+    """The run's provenance in one paragraph, and the command that repeats it."""
     s = results["store"]
     d = s["model"]["d_model"]
     model, corpus = results["inputs"]["model"], results["inputs"]["corpus"]
-    doc.h(1, f"Causal dimensionality of {model['name']}, layer {s['layer']}")
     known_as = model.get("description", model["name"])
     doc.p(
         ("" if known_as == model["name"] else f"{known_as}. ")
