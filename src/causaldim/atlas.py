@@ -26,7 +26,7 @@ from .devices import peak_bytes, reset_peak
 from .errors import UsageError
 from .fileio import read_sealed_json, write_sealed_json
 from .harvest import harvest, plan
-from .harvest.plan import extension_sequences
+from .harvest.plan import Plan, extension_sequences
 from .measures import profile
 from .measures.ladder import ladder_at
 from .measures.sigma import HEADLINE
@@ -135,7 +135,7 @@ def harvest_config(cfg: AtlasConfig, cell: Cell) -> HarvestConfig:
     )
 
 
-def plans(cfg: AtlasConfig) -> dict[Cell, object]:
+def plans(cfg: AtlasConfig) -> dict[Cell, Plan]:
     """Every cell's plan, checked before any pass (bad input stops here, in one line)."""
     cfg.check()
     return {cell: plan(harvest_config(cfg, cell), profile=True) for cell in cfg.cells()}
@@ -148,6 +148,7 @@ def _middle_moments(acc: profile.Accumulator, layer: int):
     if sums is None or HEADLINE not in sums or "activations" not in sums:
         return None
     acts = sums["activations"]
+    assert acts.x is not None  # the activations' sums are centred
     mu = acts.x.double().sum(0) / float(acts.n.sum())
     return sums[HEADLINE].matrix().cpu(), mu.cpu(), acts.matrix().cpu()
 
@@ -205,6 +206,8 @@ def run_cell(cfg: AtlasConfig, cell: Cell, the_plan, progress: bool) -> dict:
     parts = {}  # seconds of each part: the corrections' share is what to keep small
     t = time.perf_counter()
     done = harvest(c, progress, passing, observer=_BothRules(accs))
+    # no store to reuse: the pass ran, so it hands back its model and norms
+    assert done.lm is not None and done.median_norms is not None
     parts["pass"] = time.perf_counter() - t
     t = time.perf_counter()
     if n_head:  # the headline pass, on the same thresholds

@@ -138,6 +138,7 @@ def check(
         main = plan(cfg, extra_layers=tuple(extra), profile=analysis_cfg.profile, dry_run=dry_run)
     if analysis_cfg.profile:
         c, need = main.config, main.pass_memory
+        assert c.batch_size is not None  # resolved by plan()
         free = int(HEADROOM * memory(device)[1]) - need.weights - c.batch_size * need.per_sequence
         readings = profile.sums_per_layer(c.logit_probes, c.fisher_probes)
         blocks = min(analysis_cfg.profile_blocks, len(main.splits.eval))

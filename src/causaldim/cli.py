@@ -27,7 +27,7 @@ def _add_config_args(parser: argparse.ArgumentParser, cls, preset: dict) -> None
         kind = hints[f.name]
         if isinstance(kind, types.UnionType):  # "int | None"
             kind = next(a for a in typing.get_args(kind) if a is not type(None))
-        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         default = preset.get(f.name, default)
         help_text = f"{f.metadata.get('help', '')} (default: {default})".replace("%", "%%")
         if typing.get_origin(kind) is list:
@@ -131,7 +131,8 @@ def _parser(values: dict) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"causaldim {__version__}")
     _add_runtime(parser, argparse.SUPPRESS)
     parser.set_defaults(quiet=False, threads=None)
-    runtime = argparse.ArgumentParser(add_help=False)
+    # a _Parser, as typeshed wants of every parent here; only its flags are copied
+    runtime = _Parser(add_help=False)
     _add_runtime(runtime, argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 

@@ -7,6 +7,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar, cast
 
 from .errors import UsageError
 
@@ -30,11 +31,15 @@ CONTROLS = (
 ATP_NORMALISATIONS = ("all", "firing")  # what AtP_i is the mean over: every token, or its firings
 
 
-def option(default, help: str, **kw):
+_T = TypeVar("_T")
+
+
+def option(default: _T, help: str, **kw: Any) -> _T:
     """A config field whose help becomes its command-line help (a list default: a fresh
     copy per config)."""
     if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"help": help, **kw})
+        # typed as the default, as dataclasses.field is, so the field's annotation is checked
+        return cast(_T, field(default_factory=lambda: list(default), metadata={"help": help, **kw}))
     return field(default=default, metadata={"help": help, **kw})
 
 

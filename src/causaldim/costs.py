@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypedDict
 
 import torch
 
@@ -156,7 +156,16 @@ def d_ff(the_plan: Plan) -> int:
     return size or 4 * the_plan.source.d_model
 
 
-def parameter_counts(the_plan: Plan) -> dict[str, int]:
+class ParameterCounts(TypedDict):
+    """parameter_counts' weights: through L, above L, the head's, and each block's."""
+
+    through_layer: int
+    above_layer: int
+    head: int
+    per_block: list[int]
+
+
+def parameter_counts(the_plan: Plan) -> ParameterCounts:
     """Weights in the blocks up to and including L, above L, and in the output head."""
     model = skeleton(the_plan.source)
     blocks = [
@@ -219,7 +228,7 @@ def control_work(
     sweep: SweepConfig,
     analysis: AnalysisConfig,
     layer_work: dict[str, Work],
-    params: dict[str, int],
+    params: ParameterCounts,
 ) -> dict[str, Work]:
     """The controls that cost more than a few seconds: the real ablations (a forward of
     the blocks above L and the head per feature over the sequences it is ablated on), the
@@ -295,6 +304,7 @@ def estimate(
     here (calibrate) unless given; profile_layers: the layers the profile taps (None:
     every layer)."""
     cfg = the_plan.config
+    assert cfg.batch_size is not None  # resolved by plan()
     d, seq = the_plan.source.d_model, cfg.seq_len
     n_train, n_eval = len(the_plan.splits.train) * seq, len(the_plan.splits.eval) * seq
     params = parameter_counts(the_plan)
@@ -413,6 +423,7 @@ def memory_plan(
     if tapped is None:
         tapped = profile_taps(the_plan, analysis)
     cfg, need = the_plan.config, the_plan.pass_memory
+    assert cfg.batch_size is not None  # resolved by plan()
     device, d, widest = torch.device(cfg.device), the_plan.source.d_model, max(sweep.widths)
     return {
         "device": describe(device),

@@ -86,8 +86,8 @@ def explain(exc: BaseException, what: str, name: str) -> UsageError | None:
     from huggingface_hub import errors
 
     chain = [exc]
-    while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
-        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    while (cause := chain[-1].__cause__ or chain[-1].__context__) is not None:
+        chain.append(cause)
     for e in chain:
         if isinstance(e, errors.GatedRepoError) or "gated repo" in str(e).lower():
             return UsageError(

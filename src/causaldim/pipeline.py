@@ -83,6 +83,7 @@ def controls_stage(
         return {}
     t = time.perf_counter()
     bar = progress_bar(plans.controls, desc="controls", enabled=progress)
+    assert harvested.result.stores is not None  # harvest() hands back every layer's
     ctx = controls.Context(
         store=harvested.result.store,
         here=here,
@@ -186,6 +187,7 @@ def _run(
     extension = headline_extension(plans.main, harvested.result, harvested.load_lm, progress, acc)
     seconds["headline"] = time.perf_counter() - t
     # what each layer's headline reading reads: its eval split and its extension
+    assert harvested.result.stores is not None  # harvest() hands back every layer's
     eval_stores = {
         i: [s, *([extension[i]] if i in extension else [])]
         for i, s in harvested.result.stores.items()

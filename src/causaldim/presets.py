@@ -117,7 +117,8 @@ def preset_values(preset: str) -> dict:
     """Every setting's value under a preset: its own, else the field's default."""
     return {
         f.name: PRESETS.get(preset, {}).get(
-            f.name, f.default_factory() if f.default is dataclasses.MISSING else f.default
+            f.name,
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default,
         )
         for c in CONFIG_CLASSES.values()
         for f in dataclasses.fields(c)

@@ -29,15 +29,16 @@ def third_party_bars(enabled: bool = True) -> Iterator[None]:
     # transformers' GGUF conversion draws a plain tqdm bar that its switch does not reach
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
-    plain = gguf_utils.tqdm
+    # (its module's own import of tqdm, patched on purpose: not exported, hence the ignores)
+    plain = gguf_utils.tqdm  # pyright: ignore[reportPrivateImportUsage]
     if not show:
         hf_logging.disable_progress_bar()
         disable_progress_bars()
-        gguf_utils.tqdm = functools.partial(plain, disable=True)
+        gguf_utils.tqdm = functools.partial(plain, disable=True)  # pyright: ignore[reportPrivateImportUsage]
     try:
         yield
     finally:
         if not show:
             hf_logging.enable_progress_bar()
             enable_progress_bars()
-            gguf_utils.tqdm = plain
+            gguf_utils.tqdm = plain  # pyright: ignore[reportPrivateImportUsage]

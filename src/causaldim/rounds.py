@@ -57,6 +57,7 @@ def _done(est: SigmaEstimate, target: float | None) -> bool:
         return False
     if target is None:
         return True
+    assert est.erank_corrected is not None  # converged: it was corrected
     lo, hi = est.erank_corrected_95 or (0.0, math.inf)
     return (hi - lo) / 2 <= target * est.erank_corrected
 
@@ -66,6 +67,7 @@ def _wanted(est: SigmaEstimate, tokens: int, target: float | None) -> int:
     want = est.eval_tokens_needed or tokens
     if est.converged and target is not None and est.erank_corrected_95:
         lo, hi = est.erank_corrected_95
+        assert est.erank_corrected is not None  # converged: it was corrected
         # the interval narrows as one over the square root of the tokens
         want = tokens * ((hi - lo) / 2 / (target * est.erank_corrected)) ** 2
     return math.ceil(MARGIN * want)
@@ -103,6 +105,7 @@ def headline_extension(
     if n == 0:
         return {}
     stores = harvested.stores
+    assert stores is not None  # harvest() hands back every layer's
     p = round_plan(the_plan, 0, n, tuple(sorted(stores)))
     reused = all((folder / MANIFEST).is_file() for folder in p.store_dirs.values())
     median_norms = {
@@ -118,6 +121,7 @@ def headline_extension(
         lm=None if reused and observer is None else load_lm(),
         median_norms=median_norms,
     )
+    assert result.stores is not None  # harvest() hands back every layer's
     return result.stores
 
 

@@ -120,6 +120,7 @@ def atp_vs_ablation(
             ]
         real_t = torch.tensor(real, dtype=torch.float64, device="cpu")
         atp = scores[width].atp[feats]
+        assert epsilon_seq is not None  # calibrated at the smallest width, the first
         truly = real_t > epsilon_seq
         by_atp = atp > epsilon
         rows.append(

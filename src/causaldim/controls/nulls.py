@@ -72,6 +72,7 @@ def null_store(ctx: Context, kind: str):
     result = harvest(
         c, ctx.progress, eval_only, eval_round=0, lm=lm, median_norms={p.layer: median}
     )
+    assert p.source.null is not None  # the name asks for one
     return name, p.source.null, result.store
 
 

@@ -36,12 +36,14 @@ def normalised_log_atp(scores: Scores, epsilon: float) -> np.ndarray:
 def ks_shape(a: np.ndarray, b: np.ndarray, permutations: int = 1000, seed: int = 0) -> dict:
     """Two-sample KS statistic between a and b, with a permutation p-value (the share of
     random relabellings of the pooled values whose statistic reaches the observed one)."""
-    observed = float(ks_2samp(a, b).statistic)
+    # scipy's decorators leave ks_2samp's result typed without its fields (here and below)
+    observed = float(ks_2samp(a, b).statistic)  # pyright: ignore[reportAttributeAccessIssue]
     gen = np.random.default_rng(seed)
     pooled, hits = np.concatenate([a, b]), 0
     for _ in range(permutations):
         gen.shuffle(pooled)
-        hits += ks_2samp(pooled[: len(a)], pooled[len(a) :]).statistic >= observed
+        ks = ks_2samp(pooled[: len(a)], pooled[len(a) :])
+        hits += ks.statistic >= observed  # pyright: ignore[reportAttributeAccessIssue]
     return {
         "ks": observed,
         "p_value": (hits + 1) / (permutations + 1),
@@ -65,7 +67,7 @@ def split_half_ks(scores: Scores, epsilon: float) -> float | None:
         halves.append(np.log10(np.maximum(x, 1e-300) / epsilon))
     if min(len(h) for h in halves) == 0:
         return None
-    return float(ks_2samp(*halves).statistic)
+    return float(ks_2samp(*halves).statistic)  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def scale_comparison(
@@ -200,6 +202,7 @@ def _compute(ctx: Context) -> dict:
         return {"skipped": "needs a second model of the family: pass --scale-model"}
     other = harvest(side.config, progress=ctx.progress, the_plan=side).store
     there = ctx.measure_other(other, ctx.out / "scale")
+    assert ctx.analysis_cfg.scale_model is not None  # the side plan is its
     names = (ctx.plan.config.model, ctx.analysis_cfg.scale_model)
     return {
         "layers": [ctx.plan.layer, side.layer],

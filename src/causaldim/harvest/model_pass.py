@@ -7,7 +7,7 @@ the output head's input and the backward starts there)."""
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -59,7 +59,9 @@ def head_probes(lm: LoadedModel, chunk: int = 16_384) -> HeadProbes | None:
     depends on the token), which keeps the probes over the vocabulary."""
     if not _linear_head(lm):
         return None
-    return _factor(lm.model.get_output_embeddings().weight.detach(), chunk)
+    head = lm.model.get_output_embeddings()
+    assert head is not None  # linear, as _linear_head found
+    return _factor(head.weight.detach(), chunk)
 
 
 def centred_gram(w: torch.Tensor, chunk: int = 16_384) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,9 +114,10 @@ def _pull_back(outputs: torch.Tensor, hs: list[torch.Tensor], grads: list[torch.
     return [torch.stack(us, dim=2) for us in zip(*per_probe, strict=True)]
 
 
-def _probes_at_head(x: torch.Tensor, hs, probes: HeadProbes, k: int, generator):
-    """The logit probes' products pulled back from the head's input x: (centred, shift)."""
-    drawn = [probes.draw(x.shape[:-1], generator) for _ in range(k)]
+def _probes_at_head(x: torch.Tensor, hs, probes: HeadProbes | None, k: int, generator):
+    """The logit probes' products pulled back from the head's input x: (centred, shift);
+    probes None only where there are none to draw (k = 0)."""
+    drawn = [probes.draw(x.shape[:-1], generator) for _ in range(k)] if probes is not None else []
     centred = _pull_back(x, hs, [c.to(x.dtype) for c, _ in drawn])
     shift = _pull_back(x, hs, [s.to(x.dtype) for _, s in drawn])
     return centred, shift
@@ -169,7 +172,7 @@ def grads_at(
             fisher = [_fisher_probe(p, y).to(logits.dtype) for y in draws]
             u_fisher = _pull_back(logits, hs, fisher)
             u_logits = _pull_back(logits, hs, centred)
-    gs = [g[:, :, 0] for g in gs]
+    gs = [g[:, :, 0] for g in cast("list[torch.Tensor]", gs)]  # the loss's: never None
     n_pred = ids[:, 1:].numel()
     return {
         i: Gradients(h.detach(), g, ul, us, uf, loss.item(), n_pred)
@@ -194,6 +197,7 @@ def headline_at(
     blocks = _blocks(lm, layers)
     ids = ids.to(lm.device)
     head = lm.model.get_output_embeddings()
+    assert head is not None  # linear: the probes were drawn from it
     seen: dict = {}
 
     def stop(module, args):

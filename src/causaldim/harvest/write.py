@@ -8,7 +8,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, cast
 
 import torch
 
@@ -25,7 +25,9 @@ from .store import FORMAT, MANIFEST, ShardWriter, Store, UnfinishedStore
 
 
 class HarvestResult(NamedTuple):
-    store: Store  # the headline layer's
+    # the headline layer's (None only for a plan without store folders: the atlas's, which
+    # reads no store)
+    store: Store
     reused: bool
     lm: LoadedModel | None = None  # the loaded model, when the pass ran (for reuse)
     stores: dict[int, Store] | None = None  # every planned layer's, the headline's included
@@ -38,9 +40,13 @@ class EvalObserver(Protocol):
     every layer): tapping them makes the backward run on down to the lowest."""
 
     layers: tuple[int, ...]
-    # whether it wants a forward pass over the eval sequences before the eval pass (the
-    # activations' covariance, by which it weighs the eval pass's rows)
-    wants_forward: bool
+
+    @property
+    def wants_forward(self) -> bool:
+        """Whether it wants a forward pass over the eval sequences before the eval pass (the
+        activations' covariance, by which it weighs the eval pass's rows); an attribute or a
+        property."""
+        ...
 
     def add(self, layer: int, rows: dict[str, torch.Tensor]) -> None:
         """One batch's rows at `layer` as a store would hold them (h, g, u_logits,
@@ -127,11 +133,13 @@ def harvest(
     with no store folders only feeds the observer (the atlas)."""
     p = the_plan or plan(cfg)
     cfg = p.config  # device, dtype and batch size resolved
+    assert cfg.batch_size is not None  # resolved
     found = {i: _existing(p.store_dirs[i], p.keys[i], cfg.repair) for i in p.store_dirs}
     stores = {i: store for i, (store, _) in found.items()}
     missing = [i for i, s in stores.items() if s is None]
     if not missing and observer is None:
-        return HarvestResult(stores.get(p.layer), reused=True, stores=stores)
+        every = cast("dict[int, Store]", stores)  # none missing
+        return HarvestResult(cast(Store, every.get(p.layer)), reused=True, stores=every)
     for i in missing:
         if p.store_dirs[i].exists():  # unfinished or damaged under --repair: redo it
             print(
@@ -179,7 +187,9 @@ def harvest(
         manifest = _manifest(p, i, out, seconds, missing, probes is not None)
         write_sealed_json(out.root / MANIFEST, manifest)
         stores[i] = Store(out.root)
-    return HarvestResult(stores.get(p.layer), p.layer not in missing, lm, stores, median_norm)
+    every = cast("dict[int, Store]", stores)  # every missing one written
+    headline = cast(Store, every.get(p.layer))
+    return HarvestResult(headline, p.layer not in missing, lm, every, median_norm)
 
 
 def headline_only(p: Plan) -> bool:
@@ -258,6 +268,7 @@ def _harvest_split(
     probes: HeadProbes | None = None,
 ) -> None:
     cfg = p.config
+    assert cfg.batch_size is not None  # resolved by plan()
     headline = headline_only(p)
     writers = {
         i: ShardWriter(out.root, name, cfg.store_dtype, cfg.shard_tokens)

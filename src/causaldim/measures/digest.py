@@ -61,6 +61,7 @@ def digest(
         if basis is not None:
             shares.append(decoder_shares(rows, basis))
         if ref_unit is not None:
+            assert best is not None  # made with ref_unit
             cos = unit_rows(rows) @ ref_unit.T  # [rows, reference width]
             best = torch.maximum(best, cos.max(0).values)
             value, index = cos.max(1)
@@ -69,6 +70,7 @@ def digest(
     found = torch.cat(shares) if shares else EMPTY
     if ref_unit is None:
         return DecoderDigest(found)
+    assert best is not None  # made with ref_unit
     return DecoderDigest(found, torch.cat(nearest), torch.cat(nearest_cos), best.cpu())
 
 

@@ -128,7 +128,10 @@ def _make_fit(form, kappa, theta, rss, n, box, kappa_bounds) -> Fit:
 
 
 def grid_fits(
-    form: str, widths: Sequence[float], counts: np.ndarray, kappa_max: float | None = None
+    form: str,
+    widths: Sequence[float] | np.ndarray,
+    counts: np.ndarray,
+    kappa_max: float | None = None,
 ) -> list[Fit]:
     """The grid optimum of one form for every row of counts [rows, widths] at once."""
     m = np.asarray(widths, float)

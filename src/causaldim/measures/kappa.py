@@ -86,7 +86,7 @@ def weighted(
     cfg: AnalysisConfig,
     raw: dict[str, BlockSums],
     seed: int,
-    device="cpu",
+    device: str | torch.device = "cpu",
     budget: debias.Budget = debias.FULL,
     include_outliers: bool | None = None,
 ) -> dict[str, SigmaEstimate]:
@@ -119,7 +119,7 @@ def measure(
     store: Store | list[Store],
     cfg: AnalysisConfig | None = None,
     seed: int = 0,
-    device="cpu",
+    device: str | torch.device = "cpu",
     progress: bool = False,
     readings: tuple[str, ...] | None = None,
     activation_weighted: bool = True,
@@ -147,7 +147,10 @@ def measure(
 
 
 def other_outlier_choice(
-    store: Store | list[Store], cfg: AnalysisConfig, seed: int = 0, device="cpu"
+    store: Store | list[Store],
+    cfg: AnalysisConfig,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
 ) -> dict:
     """Each uncentred reading's corrected erank from the same eval tokens with the other
     choice of outliers (position 0 and large-norm tokens kept if the run leaves them out,

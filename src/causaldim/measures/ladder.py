@@ -107,6 +107,7 @@ def activation_moments(store: Store) -> tuple[torch.Tensor, torch.Tensor]:
 
 def sigma_of(est: SigmaEstimate) -> torch.Tensor:
     """The plug-in Sigma, rebuilt from its eigendecomposition."""
+    assert est.eigenvectors is not None  # measured here, not read back from results.json
     v = est.eigenvectors.double()
     return (v * torch.tensor(est.eigenvalues, dtype=torch.float64)) @ v.T
 

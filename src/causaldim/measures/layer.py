@@ -189,7 +189,7 @@ class _Swept:
     scores: dict[str, dict[int, Scores]] = field(default_factory=dict)
     again: dict[str, dict[int, list[Scores]]] = field(default_factory=dict)
     digests: dict[str, dict[int, DecoderDigest]] = field(default_factory=dict)
-    references: dict[str, tuple[int, torch.Tensor, str]] = field(default_factory=dict)
+    references: dict[str, tuple[int, torch.Tensor, str | None]] = field(default_factory=dict)
     ce: dict | None = None
     ce_hidden: tuple[torch.Tensor, list[torch.Tensor]] | None = None  # sequences, block L out
 
@@ -265,6 +265,7 @@ class _Swept:
         )
         if e.architecture not in self.references and e.width == reference:
             sha = e.meta.get("weights_sha256")  # none where imported
+            assert sae is not None  # a reference's weights are never dropped
             self.references[e.architecture] = (reference, sae.W_dec.detach().cpu(), sha)
         kept = dict(self.computed_with)
         if self.load_lm is not None:
@@ -290,6 +291,7 @@ class _Swept:
         """Its CE loss recovered: spliced into the model (the clean and mean-ablated
         losses, and block L's output, computed once), or as kept where its weights were
         dropped."""
+        assert self.load_lm is not None  # only asked for with a model to splice into
         if self.ce_hidden is None:
             seqs = self.store.token_ids("eval", self.ce_sequences)
             layer = self.store.manifest["layer"]

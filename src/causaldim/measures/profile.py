@@ -142,7 +142,10 @@ class Accumulator:
             r for r in readings if r != "activations" and (twins is None or r in twins)
         )
         self.wants_forward = "activations" in readings and any(self.direct)
-        self._forward = {i: None for i in self.layers} if self.wants_forward else None
+        # each layer's (sum h h^T, sum h, n) over the metric pass, None before its first rows
+        self._forward: dict[int, tuple[torch.Tensor, torch.Tensor, int] | None] | None = (
+            {i: None for i in self.layers} if self.wants_forward else None
+        )
         self.weighted: dict[int, dict[str, BlockSums]] = {}
         self.metric_sums: dict[int, BlockSums] = {}  # the eval split's activations alone
 
@@ -155,14 +158,18 @@ class Accumulator:
     def add_forward(self, layer: int, rows: dict[str, torch.Tensor]) -> None:
         """The metric pass's residuals at `layer` (h, outlier): summed for C."""
         h = self._kept(rows)["h"].double()
+        assert self._forward is not None  # asked for only where wants_forward
         xx, x, n = self._forward[layer] or (0.0, 0.0, 0)
         self._forward[layer] = (xx + h.T @ h, x + h.sum(0), n + len(h))
 
     def forward_done(self) -> None:
         """C at every layer is known: open the activation-weighted sums."""
         acts_n = self.n_sequences["activations"]
+        assert self._forward is not None  # asked for only where wants_forward
         for i in self.layers:
-            xx, x, n = self._forward[i]
+            forward = self._forward[i]
+            assert forward is not None  # the metric pass reached every layer
+            xx, x, n = forward
             mu = x / n
             metric = root(xx / n - torch.outer(mu, mu))
             self.weighted[i] = {

@@ -166,7 +166,7 @@ def simulate(
     d: int,
     draws: int,
     gen: torch.Generator,
-    device="cpu",
+    device: str | torch.device = "cpu",
 ) -> torch.Tensor:
     """Q [draws, blocks, d, d]: per block, sum_t a_t^2 z_t z_t^T over its streams, z
     correlated along each stream by rho, z ~ N(0, I) marginally: the sampling of each

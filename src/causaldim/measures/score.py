@@ -15,7 +15,7 @@ features that fire at least min_firings times (the rest are too rare to score).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast
 
 import safetensors.torch
 import torch
@@ -145,7 +145,8 @@ def save_scores(scores: Scores, path: Path) -> None:
 
 
 def load_scores(path: Path) -> Scores:
-    return Scores(**safetensors.torch.load_file(path))
+    # the tensor fields alone (normalisation and min_firings are not saved: their defaults)
+    return Scores(**cast(dict[str, Any], safetensors.torch.load_file(path)))
 
 
 class ScoreJob(NamedTuple):

@@ -84,7 +84,7 @@ class BlockSums:
         d: int,
         blocks: int,
         centred: bool = False,
-        device="cpu",
+        device: str | torch.device = "cpu",
         dtype=torch.float64,
         seq_len: int = 1,
         transform: torch.Tensor | None = None,
@@ -145,6 +145,7 @@ class BlockSums:
         )
         stream_block = torch.zeros(len(ids) * probes, dtype=torch.long, device="cpu")
         stream_block[streams.flatten()] = block.repeat_interleave(probes)
+        assert self.lags is not None  # uncentred: the only sums sampled
         return debias.Samples(weights, stream_block, self.lags, len(ids))
 
     def sample_norms(self) -> torch.Tensor:
@@ -211,7 +212,7 @@ def accumulate(
     store: Store | list[Store],
     cfg: AnalysisConfig,
     readings: tuple[str, ...] | None = None,
-    device="cpu",
+    device: str | torch.device = "cpu",
     include_outliers: bool | None = None,
 ):
     """One pass over the eval split; returns {reading: BlockSums} (summed on device). A
@@ -337,6 +338,7 @@ def estimate(
         samples = sums.samples()
         fix = debias.correct(sums.xx, sums.n, samples, seed, budget, floor, observed_of)
         if not fix.converged:
+            assert fix.sequences_needed is not None  # set where not converged
             needed = math.ceil(tokens * fix.sequences_needed / samples.n_sequences)
     warnings = []  # (code, message)
     if fix is not None and not fix.converged:
@@ -350,6 +352,7 @@ def estimate(
             )
         )
     if fix is not None and fix.half:
+        assert fix.erank is not None  # a half estimate comes with the whole one
         change = fix.erank / fix.half - 1
         if abs(change) > cfg.converged_change:
             warnings.append(

@@ -5,7 +5,7 @@ feature zeroed (a real ablation)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 
 import torch
@@ -85,7 +85,7 @@ def ce_loss_recovered(
     lm: LoadedModel,
     layer: int,
     seqs: torch.Tensor,
-    saes: dict[str, torch.nn.Module],
+    saes: Mapping[str, torch.nn.Module],
     mean: torch.Tensor | None,
     threshold: float,
     batch_size: int = 8,
@@ -98,6 +98,7 @@ def ce_loss_recovered(
     block_outputs of these sequences, computed once for every call."""
     replacements = {}
     if baseline is None:
+        assert mean is not None  # the mean-ablated loss is computed here
         mean = mean.to(lm.device)
         replacements = {"clean": None, "mean_ablated": lambda h: mean.expand_as(h)}
     replacements.update({name: sae for name, sae in saes.items()})

@@ -43,4 +43,5 @@ def spearman(a, b) -> float | None:
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if len(a) < 3 or np.ptp(a) == 0 or np.ptp(b) == 0:
         return None
-    return float(spearmanr(a, b).statistic)
+    # scipy's decorators leave the result typed without its fields
+    return float(spearmanr(a, b).statistic)  # pyright: ignore[reportAttributeAccessIssue]

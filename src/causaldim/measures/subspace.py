@@ -18,6 +18,7 @@ share with AtP: it ties the paper's route to the definition of kappa.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import safetensors.torch
 import torch
@@ -51,7 +52,7 @@ def save_subspace(path: Path, eigenvectors: torch.Tensor, estimate) -> Path:
 def load_subspace(path: Path | str) -> dict:
     """What save_subspace wrote: the tensors, and `directions_for` {"50%": n, ...}."""
     path = Path(path)
-    out = dict(safetensors.torch.load_file(path))
+    out: dict[str, Any] = dict(safetensors.torch.load_file(path))
     with safetensors.safe_open(path, framework="pt") as f:
         meta = f.metadata() or {}
     out["directions_for"] = {

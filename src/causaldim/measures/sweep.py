@@ -134,14 +134,14 @@ class TrainJob(NamedTuple):
 def train_job(job: TrainJob, device: str = "cpu") -> None:
     """Train, evaluate and save one SAE on device (resuming from its checkpoint if one is
     there)."""
-    device = resolve_device(device)
+    dev = resolve_device(device)
     store, folder, request = Store(job.store), Path(job.folder), job.request
-    normalizer = fit_normalizer(store).to(device)
+    normalizer = fit_normalizer(store).to(dev)
     # Train tokens on which JumpReLU and ReLU get their final exact L0 match.
-    held_out = next(store.batches("train", ("h",), 16_384))["h"].to(device)
+    held_out = next(store.batches("train", ("h",), 16_384))["h"].to(dev)
     arch, width, k = request["architecture"], request["width"], request["k"]
     save_dtype = request.get("save_dtype", "float32")
-    with device:  # the weights are made where they train
+    with dev:  # the weights are made where they train
         sae = build(SAEConfig(arch, store.d_model, width, k=k if arch == "topk" else None))
     checkpoint = Checkpoint(
         folder.parent / f".partial-{folder.name}", request, job.checkpoint_steps, job.repair
@@ -149,7 +149,7 @@ def train_job(job: TrainJob, device: str = "cpu") -> None:
 
     def batches():
         for b in store.batches("train", ("h",), request["batch_tokens"]):
-            yield b["h"].to(device, non_blocking=True)
+            yield b["h"].to(dev, non_blocking=True)
 
     t = time.perf_counter()
     settings = TrainSettings(**job.settings)

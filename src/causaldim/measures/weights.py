@@ -69,6 +69,7 @@ def final_norm(lm: LoadedModel) -> nn.Module | None:
 def predictors(lm: LoadedModel) -> dict:
     """results.json's "weights": the head's eranks and each layer's later-gains erank."""
     head = lm.model.get_output_embeddings()
+    assert head is not None  # a causal LM's output head
     d = head.weight.shape[1]
     gram, _ = centred_gram(head.weight.detach())
     norm = final_norm(lm)

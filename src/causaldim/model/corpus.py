@@ -69,6 +69,7 @@ class Splits(NamedTuple):
 
     def rest(self, start: int, stop: int) -> torch.Tensor:
         """The sequences beyond --tokens, from start to stop in their order."""
+        assert self.pool is not None and self.rest_order is not None  # the corpus's pooled splits
         return self.pool[self.rest_order[start:stop]]
 
 
@@ -138,7 +139,9 @@ def builtin_corpus() -> Corpus:
 _DEFS = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 
-def _docstrings(node: ast.AST, min_chars: int = 40):
+def _docstrings(
+    node: ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef, min_chars: int = 40
+):
     """Docstrings of a module and its classes and functions, depth first (cheaper than
     ast.walk, which visits every expression)."""
     doc = ast.get_docstring(node)

@@ -10,8 +10,9 @@ import itertools
 import json
 import re
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -92,7 +93,9 @@ def _hub_info(name: str, revision: str | None) -> str:
     call, no data. The seam tests stand in for."""
     from huggingface_hub import HfApi
 
-    return HfApi().dataset_info(name, revision=revision).sha
+    sha = HfApi().dataset_info(name, revision=revision).sha
+    assert sha is not None  # the hub names the commit of every revision it finds
+    return sha
 
 
 def _hub_stream(name: str, config: str | None, split: str, revision: str) -> Iterable[dict]:
@@ -121,7 +124,7 @@ def hub_corpus(
     text field and n_tokens, so that a re-run streams nothing. Without the network, a
     cached copy serves a pinned --corpus-revision, or any revision under HF_HUB_OFFLINE=1.
     UsageError, in one line naming the fix, for every failure a user can meet."""
-    where = dict(name=name, config=config, split=split, text_field=text_field)
+    where: dict[str, Any] = dict(name=name, config=config, split=split, text_field=text_field)
     base = _cache_base(n_tokens, **where)
     cached, offline = None, False
     if revision and re.fullmatch(r"[0-9a-f]{40}", revision):  # pinned: the hub is not asked
@@ -217,7 +220,7 @@ def _take(texts: Iterable[str], tokenizer, n_tokens: int):
     return taken, docs, False
 
 
-def _hub_texts(hub: dict, n_tokens: int) -> Iterator[str]:
+def _hub_texts(hub: dict, n_tokens: int) -> Generator[str, None, None]:
     """The non-blank texts of a hub dataset's rows as they stream; hub errors as
     UsageErrors."""
     name, field = hub["name"], hub["text_field"]

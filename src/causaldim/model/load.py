@@ -15,7 +15,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 import torch
 from torch import nn
@@ -24,6 +24,9 @@ from .. import hub
 from ..errors import UsageError
 from ..fileio import atomic_write_json, cache_dir, sha256_file
 from .nulls import Null, initialised, permute_, split_null
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
 
 CONVERTED_MARK = "converted-from.json"  # written last: a folder without it is unfinished
 CONVERTED_HASHED = ("model.safetensors", "config.json")  # checked before each use
@@ -127,7 +130,7 @@ class ModelSource(NamedTuple):
     kind: str
     path: str  # folder, or hub id
     gguf_file: str | None
-    config: object  # transformers.PretrainedConfig
+    config: PretrainedConfig
     trust_remote_code: bool = False
     gguf_origin: str | None = None  # the GGUF file a converted folder was made from
     null: Null | None = None  # MODEL:permuted or MODEL:init (nulls.py): not the trained model
@@ -162,7 +165,7 @@ class ModelSource(NamedTuple):
 
 class LoadedModel(NamedTuple):
     source: ModelSource
-    model: nn.Module
+    model: PreTrainedModel
     tokenizer: object
     layers: nn.ModuleList
 
@@ -278,7 +281,7 @@ def _config_for(model_type: str, shape: dict):
     return AutoConfig.for_model(model_type, **shape)
 
 
-def skeleton(source: ModelSource) -> nn.Module:
+def skeleton(source: ModelSource) -> PreTrainedModel:
     """The model built on the meta device: its structure, no memory, no weights."""
     from transformers import AutoModelForCausalLM
 
@@ -391,8 +394,9 @@ def _conversion_intact(folder: Path, written_ns: int) -> bool:
     return False
 
 
-def _convert(source: ModelSource, model: nn.Module, tokenizer) -> None:
+def _convert(source: ModelSource, model: PreTrainedModel, tokenizer) -> None:
     """Save a GGUF model just loaded in float32 as a plain model folder, atomically."""
+    assert source.gguf_origin is not None  # only a GGUF model is converted
     target = converted_folder(Path(source.gguf_origin))
     if (target / CONVERTED_MARK).is_file():
         return
@@ -451,7 +455,9 @@ def load_model(
         model = model.to(getattr(torch, dtype))
     if null is not None and null.kind == "permuted":
         permute_(model, null.seed)
-    model.to(device).eval().requires_grad_(False)
+    # typed as nn.Module: transformers' @wraps(nn.Module.to) leaves its to() unbound for
+    # type checkers (the device would be self); the call is the same
+    cast(nn.Module, model).to(device).eval().requires_grad_(False)
     layers = decoder_layers(model, layers_path_for(source, layers_path))
     return LoadedModel(source, model, tokenizer, layers)
 

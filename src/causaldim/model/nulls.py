@@ -13,12 +13,15 @@ so a null reads the same tokens as the trained model.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import nn
 
 from ..errors import UsageError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 KINDS = {
     "permuted": "every weight matrix's entries shuffled within the matrix, every norm's "
@@ -62,7 +65,7 @@ def permute_(model: nn.Module, seed: int) -> nn.Module:
     return model
 
 
-def initialised(config, seed: int, dtype: torch.dtype, trust_remote_code: bool) -> nn.Module:
+def initialised(config, seed: int, dtype: torch.dtype, trust_remote_code: bool) -> PreTrainedModel:
     """A fresh model from the config, its weights drawn by transformers' own init under
     `seed` (the global generator is left as it was)."""
     from transformers import AutoModelForCausalLM

@@ -8,9 +8,13 @@ W_dec's rows are the feature directions d_i that attribution patching uses.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from .sparse import StepInputs, TrainOutput
 
 ROW_BLOCK_ELEMENTS = 1 << 24  # decoder rows gathered at once to project sparse gradients
 CUT_BLOCK_ELEMENTS = 1 << 24  # pre-activations at once for the starting firing bars
@@ -70,6 +74,9 @@ class SAE(nn.Module):
         return (x - self.b_dec) @ self.W_enc + self.b_enc
 
     def activate(self, pre: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def train_forward(self, x: torch.Tensor, step: StepInputs) -> TrainOutput:
         raise NotImplementedError
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:

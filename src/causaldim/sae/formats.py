@@ -12,7 +12,9 @@ import hashlib
 import json
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -21,7 +23,7 @@ from safetensors.torch import save as save_bytes
 from ..errors import IntegrityError, UsageError
 from ..fileio import atomic_write_bytes, read_sealed_json, sha256_file, write_sealed_json
 from ..model.sites import equivalents, site_of
-from . import SAE, SAEConfig, build, imports
+from . import SAE, JumpReLUSAE, SAEConfig, build, imports
 from .imports import Reading, files, gemma_scope, saelens, sparsify
 
 FORMAT = "causaldim-sae/1"
@@ -48,22 +50,26 @@ def _tensors(sae: SAE, save_dtype: str = "float32") -> dict[str, torch.Tensor]:
     for name in MATRICES:
         out[name] = out[name].to(SAVE_DTYPES[save_dtype])
     if sae.architecture == "jumprelu":
-        out["threshold"] = sae.threshold.detach().contiguous()
+        out["threshold"] = cast(JumpReLUSAE, sae).threshold.detach().contiguous()
     return out
 
 
-def _from_tensors(cfg: SAEConfig, t: dict[str, torch.Tensor], device="cpu") -> SAE:
+def _from_tensors(
+    cfg: SAEConfig, t: dict[str, torch.Tensor], device: str | torch.device = "cpu"
+) -> SAE:
     with torch.device(device):
         sae = build(cfg)
     with torch.no_grad():
         for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
             getattr(sae, name).copy_(t[name].float())
         if cfg.architecture == "jumprelu":
-            sae.log_threshold.copy_(t["threshold"].float().clamp_min(1e-12).log())
+            cast(JumpReLUSAE, sae).log_threshold.copy_(
+                t["threshold"].float().clamp_min(1e-12).log()
+            )
     return sae.requires_grad_(False)
 
 
-def _write_folder(folder: Path, files: dict[str, callable]) -> Path:
+def _write_folder(folder: Path, files: dict[str, Callable[[Path], object]]) -> Path:
     """Write a folder atomically: fill a temp sibling, then rename it into place."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -127,7 +133,7 @@ def verify(folder: Path) -> dict:
     return meta
 
 
-def load(folder: Path, device: str | torch.device = "cpu") -> SAE:
+def load(folder: str | Path, device: str | torch.device = "cpu") -> SAE:
     """A saved SAE, its weights checked against their recorded hash, onto device."""
     folder = Path(folder)
     meta = verify(folder)

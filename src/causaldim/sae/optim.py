@@ -73,6 +73,7 @@ class LeanAdam(torch.optim.Optimizer):
         step_size = group["lr"] / (1 - beta1**t)
         root_bc2 = math.sqrt(1 - beta2**t)
         grad = p.grad
+        assert grad is not None  # step() updates only the weights with a gradient
         if grad.is_sparse:
             grad = grad.coalesce()
             rows, values = grad.indices()[0], grad.values()

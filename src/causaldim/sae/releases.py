@@ -32,7 +32,7 @@ class Release:
 
     repo: str
     layout: str  # a key of LAYOUTS
-    model: str  # the model (hub id) the SAEs read
+    model: str | None  # the model (hub id) the SAEs read (None: SAELens' entry names none)
     example: str  # one id, for messages
     note: str = ""  # what to know before reading its SAEs beside this tool's model pass
     folders: dict[str, str] = field(default_factory=dict)  # id -> folder, where they differ
@@ -128,11 +128,12 @@ def known_releases() -> list[str]:
 
 def _sae_lens_release(name: str) -> Release | None:
     """A release of SAELens' pretrained directory, where sae_lens is installed."""
+    # sae_lens is optional (no dependency of causaldim): the checker may not find it
     try:
-        from sae_lens.loading.pretrained_saes_directory import get_pretrained_saes_directory
+        from sae_lens.loading.pretrained_saes_directory import get_pretrained_saes_directory  # pyright: ignore[reportMissingImports]
     except ImportError:
         try:
-            from sae_lens.toolkit.pretrained_saes_directory import (
+            from sae_lens.toolkit.pretrained_saes_directory import (  # pyright: ignore[reportMissingImports]
                 get_pretrained_saes_directory,
             )
         except ImportError:

@@ -34,6 +34,7 @@ class _SelectTopK(torch.autograd.Function):
         for _, pre in blocks:
             picked.append(pre.topk(k, dim=-1, sorted=False))
             if k_aux:  # fewer dead features than k_aux picks some -inf: clamped to 0 below
+                assert dead is not None  # k_aux counts dead features
                 picked[-1] += pre.masked_fill_(~dead, float("-inf")).topk(k_aux, sorted=False)
         vals, idx = torch.cat([p[0] for p in picked]), torch.cat([p[1] for p in picked])
         if k_aux:
@@ -65,6 +66,7 @@ class TopKSAE(SAE):
     fixed_l0 = True
 
     def activate(self, pre: torch.Tensor) -> torch.Tensor:
+        assert self.cfg.k is not None  # a TopK SAE's config has its k
         vals, idx = pre.topk(self.cfg.k, dim=-1)
         return torch.zeros_like(pre).scatter_(-1, idx, vals.relu())
 

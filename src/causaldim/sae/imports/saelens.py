@@ -56,7 +56,7 @@ def _pre_6(cfg: dict) -> dict:
     new = {renames.get(k, k): v for k, v in cfg.items()}
     new.setdefault("apply_b_dec_to_input", True)
     new.setdefault("architecture", "standard")
-    hook = new.get("hook_name") if isinstance(new.get("hook_name"), str) else ""
+    hook = given if isinstance(given := new.get("hook_name"), str) else ""
     new.setdefault("reshape_activations", "hook_z" if "hook_z" in hook else "none")
     kwargs = new.get("activation_fn_kwargs") or {}
     if new.get("activation_fn") == "topk" and kwargs.get("k") is not None:
@@ -75,7 +75,7 @@ def _pre_6(cfg: dict) -> dict:
 
 
 def _is_pre_6(path: Path, cfg: dict) -> bool:
-    meta = cfg.get("metadata") if isinstance(cfg.get("metadata"), dict) else {}
+    meta = given if isinstance(given := cfg.get("metadata"), dict) else {}
     version = cfg.get("sae_lens_version") or meta.get("sae_lens_version")
     if not version:
         return True
@@ -95,7 +95,7 @@ def config(folder: Path) -> dict:
 def hook_name_of(cfg: dict) -> str | None:
     """The hook a SAELens cfg.json names: `hook_name`, `metadata.hook_name` (SAELens 6) or
     `hook_point` (before 6.0); None if none."""
-    meta = cfg.get("metadata") if isinstance(cfg.get("metadata"), dict) else {}
+    meta = given if isinstance(given := cfg.get("metadata"), dict) else {}
     for name in (cfg.get("hook_name"), meta.get("hook_name"), cfg.get("hook_point")):
         if isinstance(name, str) and name.strip():
             return name.strip()
@@ -137,7 +137,7 @@ def inspect(folder: Path) -> Reading:
             f"{path}: reshape_activations: {reshape!r} reads attention heads, not the residual "
             "stream"
         )
-    meta = cfg.get("metadata") if isinstance(cfg.get("metadata"), dict) else {}
+    meta = given if isinstance(given := cfg.get("metadata"), dict) else {}
     if meta.get("hook_head_index") is not None:
         raise UsageError(
             f"{path}: hook_head_index: {meta['hook_head_index']!r} reads one attention head, "
