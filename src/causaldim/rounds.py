@@ -151,7 +151,8 @@ def until_converged(
     while True:
         t = time.perf_counter()
         # the stop rule reads the raw headline (the paper's definition) alone
-        est = measure(stores, cfg, seed, device, (HEADLINE,), activation_weighted=False)[HEADLINE]
+        found = measure(stores, cfg, seed, device, readings=(HEADLINE,), activation_weighted=False)
+        est = found[HEADLINE]
         tokens = (n_run + done) * seq_len
         rounds.append(
             Round(
