@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 from conftest import snapshot
@@ -46,7 +45,7 @@ def test_the_table_holds_each_runs_numbers_as_its_results_json(runs, tmp_path):
     out = tmp_path / "cmp"
     written = compare(_folders(runs), out)
     data = json.loads((out / "compare.json").read_text())
-    assert [r["label"] for r in data["runs"]] == ["L1 s0", "L2 s0", "L1 s1"]
+    assert [r["label"] for r in data["runs"]] == ["L1-s0", "L2-s0", "L1-s1"]  # the folders
     assert data["differ"] == ["layer", "seed"] and data["profile_x"] == "layer"
     md = (out / "compare.md").read_text()
     rows = {line.split(" | ")[0][2:]: line for line in md.splitlines() if line.startswith("| L")}
@@ -166,7 +165,7 @@ def test_profiles_are_overlaid_over_depth(runs, tmp_path):
     compare([*copies, runs[1, 1][0]], out)
     data = json.loads((out / "compare.json").read_text())
     profiled = [r for r in data["runs"] if r["profile"]]
-    assert [r["label"] for r in profiled] == ["L1 s0", "L2 s0"]
+    assert [r["label"] for r in profiled] == ["L1-s0", "L2-s0"]
     for run, copy in zip(profiled, copies, strict=True):
         prof = json.loads((copy / "results.json").read_text())["profile"]
         assert [row["layer"] for row in run["profile"]["layers"]] == [0, 1, 2, 3]
@@ -176,7 +175,7 @@ def test_profiles_are_overlaid_over_depth(runs, tmp_path):
         )
     assert (out / "figures" / "compare_profile.png").stat().st_size > 10_000
     md = (out / "compare.md").read_text()
-    assert "Runs with a profile: L1 s0, L2 s0; without (not drawn): L1 s1; x: layer." in md
+    assert "Runs with a profile: L1-s0, L2-s0; without (not drawn): L1-s1; x: layer." in md
     # another model (faked by renaming one run's and giving it 6 layers): relative depth
     results = json.loads((copies[1] / "results.json").read_text())
     results["inputs"]["model"]["name"] = "other"
@@ -185,8 +184,7 @@ def test_profiles_are_overlaid_over_depth(runs, tmp_path):
     compare(copies, out)  # over the earlier comparison: its own files only
     data = json.loads((out / "compare.json").read_text())
     assert data["profile_x"] == "relative_depth" and data["differ"][0] == "model"
-    model = Path(data["runs"][0]["model"]).name
-    assert [r["label"] for r in data["runs"]] == [f"{model} L1", "other L2"]
+    assert [r["label"] for r in data["runs"]] == ["L1-s0", "L2-s0"]
     assert data["runs"][1]["profile"]["layers"][3]["relative_depth"] == pytest.approx(3 / 5)
     assert "layer / (n_layers - 1), as the models differ" in (out / "compare.md").read_text()
     # a comparison without profiles over it: the earlier profile figure goes with it
@@ -212,12 +210,45 @@ def test_an_estimable_kappa_hat_is_shown_with_its_interval(runs, tmp_path):
     compare(folders, out)
     data = json.loads((out / "compare.json").read_text())
     shown = data["runs"][1]["kappa_hat"]
-    assert [r["label"] for r in data["runs"]] == ["L1", "L2"]  # only the layer differs
+    assert [r["label"] for r in data["runs"]] == ["L1-s0", "L2-s0"]
     assert shown["kappa"] == free["kappa"] and shown["interval_95"] == free["interval_95"]
     md = (out / "compare.md").read_text()
-    row = next(line for line in md.splitlines() if line.startswith("| L2 |"))
+    row = next(line for line in md.splitlines() if line.startswith("| L2-s0 |"))
     assert f"| {with_interval(free['kappa'], free['interval_95'])} |" in row
-    assert data["runs"][0]["kappa_hat"]["kappa"] is None and "L1: kappa_hat not" in md
+    assert data["runs"][0]["kappa_hat"]["kappa"] is None and "L1-s0: kappa_hat not" in md
+
+
+def test_compare_neither_draws_nor_tabulates_what_a_run_gives_as_na(runs, tmp_path, recwarn):
+    """A reading below the floor of independent equivalents is n/a in its run's report:
+    n/a in the comparison too, in compare.json, the table and the figure's data; one not
+    converged is marked."""
+    folders = []
+    for key, floor in (((1, 0), True), ((2, 0), False)):
+        results = json.loads((runs[key][0] / "results.json").read_text())
+        est = results["sigma"]["logits"]
+        d = results["store"]["model"]["d_model"]
+        if floor:  # 0.5 independent equivalents per dimension: the run prints n/a
+            est.update(n_independent=0.5 * d, converged=False)
+        else:
+            est.update(n_independent=3.0 * d, converged=False)
+        folder = tmp_path / runs[key][0].name
+        folder.mkdir()
+        write_sealed_json(folder / "results.json", results)
+        folders.append(folder)
+    out = tmp_path / "cmp"
+    compare(folders, out)
+    data = json.loads((out / "compare.json").read_text())
+    below, above = (r["sigma"]["logits"] for r in data["runs"])
+    assert below["below_floor"] and below["erank_corrected"] is None
+    assert below["erank_corrected_95"] is None
+    assert not above["below_floor"] and above["erank_corrected"] is not None
+    md = (out / "compare.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| L1-s0 |"))
+    assert "n/a (not converged: below the floor" in row
+    assert "(not converged" in next(
+        line for line in md.splitlines() if line.startswith("| L2-s0 |")
+    )
+    assert not [w for w in recwarn if "tight_layout" in str(w.message)]
     assert (out / "figures" / "compare_kappa.png").stat().st_size > 10_000
 
 

@@ -15,9 +15,8 @@ from ..fileio import atomic_write_bytes, read_sealed_json, sha256_file, write_se
 from ..fmt import ci, ci_of, growth, num
 from ..measures.sigma import DEFINITIONS, DIRECT, HEADLINE
 from ..progress import bar
-from .cautions import lines as caution_lines
 from .compare_figures import figure_plan
-from .direct import flagged
+from .direct import below_floor, flagged
 from .doc import Doc
 from .results import SCHEMA, load_results
 
@@ -220,9 +219,7 @@ def run_entry(results: dict, path: Path) -> dict:
         "sae_paths": list(results["config"]["sweep"].get("sae_paths") or []),
         "config": _flat(results["config"]),
         "sigma": {
-            r: {k: results["sigma"][r].get(k) for k in keep}
-            for r in DIRECT
-            if r in results["sigma"]
+            r: _as_printed(results["sigma"][r], keep) for r in DIRECT if r in results["sigma"]
         },
         "kappa_hat": {
             "estimable": a["estimable"],
@@ -256,35 +253,27 @@ def run_entry(results: dict, path: Path) -> dict:
     }
 
 
+def _as_printed(est: dict, keep: tuple[str, ...]) -> dict:
+    """A reading as its run prints it: below the floor of independent equivalents the run
+    gives no corrected value (n/a), and neither does the comparison."""
+    kept = {k: est.get(k) for k in keep}
+    kept["below_floor"] = below_floor(est)
+    if kept["below_floor"]:
+        kept.update(erank_corrected=None, erank_corrected_95=None)
+    return kept
+
+
 def _show(value) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def labels(entries: list[dict], differ: list[str], config_differ: list[str]) -> list[str]:
-    """A short label per run from what differs (model, corpus, layer, SAE, seed, then the
-    settings), unique: the runs' order where nothing tells them apart."""
-    short = {
-        "model": lambda e: Path(e["model"]).name or e["model"],  # a local folder: its name
-        "corpus": lambda e: _short_corpus(e["corpus"]),
-        "layer": lambda e: f"L{e['layer']}",
-        "architecture": lambda e: e["architecture"],
-        "sae_source": lambda e: e["sae_source"],
-        "seed": lambda e: f"s{e['seed']}",
-    }
-    made = [[short[f](e) for f in differ] for e in entries]
-    if len({" ".join(m) for m in made}) < len(made):
-        for m, e in zip(made, entries, strict=True):
-            m += [f"{k.split('.', 1)[1]}={_show(e['config'].get(k))}" for k in config_differ]
-    made = [" ".join(m) for m in made]
-    if len(set(made)) < len(made):  # the runs' folders tell them apart, else their order
-        folders = [Path(e["path"]).parent.name for e in entries]
-        tags = (
-            folders
-            if len(set(folders)) == len(folders)
-            else [f"#{i + 1}" for i in range(len(made))]
-        )
-        made = [f"{m} {t}".strip() for m, t in zip(made, tags, strict=True)]
-    return made
+def labels(entries: list[dict]) -> list[str]:
+    """A short label per run: its folder's name (what differs is tabulated beside it),
+    numbered where two folders share a name."""
+    folders = [Path(e["path"]).parent.name or f"run {i + 1}" for i, e in enumerate(entries)]
+    if len(set(folders)) == len(folders):
+        return folders
+    return [f"{f} #{i + 1}" for i, f in enumerate(folders)]
 
 
 def build_comparison(results: list[dict], paths: list[Path]) -> dict:
@@ -293,7 +282,7 @@ def build_comparison(results: list[dict], paths: list[Path]) -> dict:
     differ = [f for f in IDENTITY if len({_show(e[f]) for e in entries}) > 1]
     keys = sorted({k for e in entries for k in e["config"]})
     config_differ = [k for k in keys if len({_show(e["config"].get(k)) for e in entries}) > 1]
-    for entry, label in zip(entries, labels(entries, differ, config_differ), strict=True):
+    for entry, label in zip(entries, labels(entries), strict=True):
         entry["label"] = label
     models_differ = len({(e["model"], e["n_layers"], e["d_model"]) for e in entries}) > 1
     return {
@@ -336,6 +325,17 @@ def _kappa_hat(k: dict) -> str:
     return with_interval(k["kappa"], k["interval_95"]) if k["estimable"] else "not estimable"
 
 
+def _printed(est: dict | None) -> str:
+    """A reading's cell, as its run prints it."""
+    if not est:
+        return "n/a (not measured)"
+    if est.get("below_floor"):
+        return "n/a (not converged: below the floor of independent equivalents)"
+    if est.get("erank_corrected") is None:
+        return "n/a"
+    return flagged(est)
+
+
 def build_doc(data: dict, figures: dict[str, Path]) -> Doc:
     runs, readings = data["runs"], data["readings"]
     doc = Doc()
@@ -368,7 +368,7 @@ def build_doc(data: dict, figures: dict[str, Path]) -> Doc:
         ]
         for r in readings:
             est = run["sigma"].get(r)
-            row.append(flagged(est) if est and est.get("erank_corrected") is not None else "n/a")
+            row.append(_printed(est))
         w = run["wedge"]
         row += [
             _kappa_hat(run["kappa_hat"]),
@@ -399,7 +399,7 @@ def build_doc(data: dict, figures: dict[str, Path]) -> Doc:
         doc.h(2, "Read with care")
         for r in warned:
             doc.p(f"{r['label']} ({len(r['warnings'])}):")
-            doc.ul(caution_lines(r["warnings"]))
+            doc.ul([f"{w['message']} (`{w['code']}`)" for w in r["warnings"]])
     if data["config_differ"]:
         doc.h(2, "Settings that differ")
         doc.table(

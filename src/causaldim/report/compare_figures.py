@@ -23,27 +23,40 @@ def plot_kappa(data: dict, path: Path) -> Path:
     markers = {"loss": "o", "logits": "s", "fisher": "^"}
     slots = len(readings) + 1
     offsets = [(j - (slots - 1) / 2) * 0.7 / slots for j in range(slots)]
+    open_marker = False
     for j, reading in enumerate(readings):
-        xs, ys, lo, hi = [], [], [], []
-        for i, run in enumerate(runs):
-            est = run["sigma"].get(reading)
-            if not est or est["erank_corrected"] is None:
+        # a reading its run gives as n/a is not drawn; one not converged, an open marker
+        name = "direct kappa (logits, gauge-invariant)" if reading == HEADLINE else reading
+        labelled = False
+        for converged in (True, False):
+            xs, ys, lo, hi = [], [], [], []
+            for i, run in enumerate(runs):
+                est = run["sigma"].get(reading)
+                if not est or est["erank_corrected"] is None:
+                    continue
+                if (est.get("converged") is not False) != converged:
+                    continue
+                value, iv = est["erank_corrected"], est["erank_corrected_95"]
+                xs.append(i + offsets[j])
+                ys.append(value)
+                lo.append(value - iv[0] if iv else 0.0)
+                hi.append(iv[1] - value if iv else 0.0)
+            if not xs:
                 continue
-            value, iv = est["erank_corrected"], est["erank_corrected_95"]
-            xs.append(i + offsets[j])
-            ys.append(value)
-            lo.append(value - iv[0] if iv else 0.0)
-            hi.append(iv[1] - value if iv else 0.0)
-        ax.errorbar(
-            xs,
-            ys,
-            [lo, hi],
-            fmt=markers.get(reading, "D"),
-            color=f"C{j}",
-            capsize=3,
-            label=("direct kappa (logits, gauge-invariant)" if reading == HEADLINE else reading)
-            + ": corrected erank, 95%",
-        )
+            open_marker |= not converged
+            ax.errorbar(
+                xs,
+                ys,
+                [lo, hi],
+                fmt=markers.get(reading, "D"),
+                mfc=None if converged else "none",
+                color=f"C{j}",
+                capsize=3,
+                label=None if labelled else f"{name}: corrected erank, 95%",
+            )
+            labelled = True
+    if open_marker:
+        ax.plot([], [], "s", mfc="none", color="grey", label="open: not converged")
     xs, ys, lo, hi = [], [], [], []
     for i, run in enumerate(runs):
         k = run["kappa_hat"]
@@ -72,7 +85,6 @@ def plot_kappa(data: dict, path: Path) -> Path:
     ax.set_ylabel("kappa (erank)")
     ax.set_title(title)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
     return save(fig, path)
 
 
@@ -120,7 +132,6 @@ def plot_wedges(data: dict, path: Path) -> Path:
     ax.set_ylabel("features (log above 1)")
     ax.set_title("The wedges: N_repr (dashed) and N_causal (solid) of each run's headline sweep")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
     return save(fig, path)
 
 
@@ -151,7 +162,6 @@ def plot_atp_overlaid(data: dict, path: Path) -> Path:
         legend_below(ax)
     axes[0].set_ylabel("fraction of features (log)")
     fig.suptitle("AtP distributions, each normalised by its run's epsilon (right: causal)")
-    fig.tight_layout()
     return save(fig, path)
 
 
@@ -201,7 +211,6 @@ def plot_profiles(data: dict, path: Path) -> Path:
         ax.set_title(f"{reading}: kappa against depth")
         legend_below(ax)
     fig.suptitle("Profiles over depth (circled: each run's own layer)")
-    fig.tight_layout()
     return save(fig, path)
 
 
