@@ -28,12 +28,28 @@ def cases(tmp_path, tiny_model, text_corpus):
         "missing corpus": ([*base, "--corpus", str(tmp_path / "nope.txt")], "does not exist"),
         "empty corpus": ([*base, "--corpus", str(empty)], "is empty"),
         "jsonl without field": ([*base, "--corpus", str(bad_jsonl)], "--text-field"),
-        "seq_len above context": ([*base, "--seq-len", "4096"], "exceeds the context"),
+        "seq_len above context": (
+            [*base, "--seq-len", "4096", "--tokens", "40960"],
+            "exceeds the context",
+        ),
         "corpus too small": (
-            [*base, "--seq-len", "250", "--corpus", str(bad_jsonl), "--text-field", "body"],
+            [*base, "--seq-len", "250", "--tokens", "2500"]
+            + ["--corpus", str(bad_jsonl), "--text-field", "body"],
             "at least 2 are needed",
         ),
         "zero tokens": ([*base, "--tokens", "0"], "--tokens must be positive"),
+        "tokens below two eval sequences": (
+            [*base, "--tokens", "100"],
+            "fewer than two eval sequences",
+        ),
+        "embedded model misspelt": (
+            ["--model", "smollm2-13m", "--corpus", str(text_corpus)],
+            "did you mean 'smollm2-135m'?",
+        ),
+        "built-in corpus misspelt": (
+            [*base[:2], "--corpus", "builtin+speechs"],
+            "did you mean 'speeches'?",
+        ),
         "eval fraction": ([*base, "--eval-fraction", "1.5"], "--eval-fraction"),
         "outlier factor": ([*base, "--outlier-factor", "0.5"], "--outlier-factor"),
         "out is a file": ([*base, "--out", str(a_file)], "is a file"),
@@ -81,6 +97,9 @@ CASE_NAMES = [
     "seq_len above context",
     "corpus too small",
     "zero tokens",
+    "tokens below two eval sequences",
+    "embedded model misspelt",
+    "built-in corpus misspelt",
     "eval fraction",
     "outlier factor",
     "out is a file",

@@ -114,3 +114,17 @@ def test_written_files_are_plain_files_others_can_read(tmp_path):
     path = tmp_path / "results.json"
     atomic_write_bytes(path, b"{}")
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o666 & ~UMASK  # 0644 under umask 022
+
+
+def test_a_saved_sae_is_a_plain_folder_others_can_read(tmp_path):
+    import os
+    import stat
+
+    from causaldim.fileio import UMASK
+    from causaldim.sae import SAEConfig, build
+    from causaldim.sae.formats import save
+
+    folder = save(build(SAEConfig("topk", 8, 16, k=2)), tmp_path / "sae")
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o777 & ~UMASK  # 0755 under umask 022
+    for f in folder.iterdir():
+        assert stat.S_IMODE(os.stat(f).st_mode) == 0o666 & ~UMASK, f.name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 from dataclasses import dataclass, field
@@ -175,6 +176,18 @@ class HarvestConfig:
             raise UsageError(f"--layer must be >= 0, got {self.layer}")
         if not 0.0 < self.eval_fraction < 1.0:
             raise UsageError(f"--eval-fraction must lie in (0, 1), got {self.eval_fraction}")
+        # two eval sequences (a jackknife over one has nothing to resample) and a train one
+        least = max(
+            math.ceil(2 * self.seq_len / self.eval_fraction),
+            math.ceil(self.seq_len / (1 - self.eval_fraction)),
+        )
+        if self.tokens < least:
+            raise UsageError(
+                f"--tokens {self.tokens:,} holds fewer than two eval sequences of "
+                f"{self.seq_len} tokens at --eval-fraction {self.eval_fraction:g}; pass "
+                f"--tokens {least:,} or more"
+            )
+        near_name(self.model, self.corpus)
         if self.outlier_factor <= 1.0:
             raise UsageError(f"--outlier-factor must exceed 1, got {self.outlier_factor}")
         if self.target_width is not None and not 0.0 < self.target_width < 1.0:
@@ -347,6 +360,33 @@ class AnalysisConfig:
 
 def flag_of(name: str) -> str:
     return name.replace("_", "-")
+
+
+def near_name(model: str, corpus: str) -> None:
+    """A model or corpus name one slip from an embedded model or a built-in corpus is
+    refused with the name meant, before anything goes to the hub."""
+    from .model.corpus import BUILT_IN
+    from .model.load import EMBEDDED
+    from .model.nulls import split_null
+
+    def near(name: str, known) -> str | None:
+        if not name or "/" in name or name in known or Path(name).expanduser().exists():
+            return None
+        found = difflib.get_close_matches(name, list(known), n=1, cutoff=0.8)
+        return found[0] if found else None
+
+    base = split_null(model)[0]
+    if meant := near(base, EMBEDDED):
+        raise UsageError(
+            f"--model {model!r} is not embedded; did you mean {meant!r}? (embedded: "
+            f"{', '.join(EMBEDDED)}; a hub model is named owner/name)"
+        )
+    for part in corpus.split("+"):
+        if meant := near(part, BUILT_IN):
+            raise UsageError(
+                f"--corpus {corpus!r}: {part!r} is not built in; did you mean {meant!r}? "
+                f"(built in: {', '.join(BUILT_IN)}; a hub dataset is named owner/name)"
+            )
 
 
 def check_finite(cfg) -> None:

@@ -22,7 +22,7 @@ from torch import nn
 
 from .. import hub
 from ..errors import UsageError
-from ..fileio import atomic_write_json, cache_dir, sha256_file
+from ..fileio import UMASK, atomic_write_json, cache_dir, sha256_file
 from .nulls import Null, initialised, permute_, split_null
 
 if TYPE_CHECKING:
@@ -402,6 +402,7 @@ def _convert(source: ModelSource, model: PreTrainedModel, tokenizer) -> None:
         return
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    os.chmod(tmp, 0o777 & ~UMASK)  # mkdtemp makes 0700; a plain folder gets 0755
     try:
         # transformers refuses save_pretrained on a GGUF-loaded model; the weights are plain
         # float32 tensors by now, so write them and the config directly.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from safetensors.torch import save as save_bytes
 
 from ..errors import IntegrityError, UsageError
-from ..fileio import atomic_write_bytes, read_sealed_json, sha256_file, write_sealed_json
+from ..fileio import UMASK, atomic_write_bytes, read_sealed_json, sha256_file, write_sealed_json
 from ..model.sites import equivalents, site_of
 from . import SAE, JumpReLUSAE, SAEConfig, build, imports
 from .imports import Reading, files, gemma_scope, saelens, sparsify
@@ -74,6 +75,7 @@ def _write_folder(folder: Path, files: dict[str, Callable[[Path], object]]) -> P
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
+    os.chmod(tmp, 0o777 & ~UMASK)  # mkdtemp makes 0700; a plain folder gets 0755
     try:
         for name, write in files.items():
             write(tmp / name)
