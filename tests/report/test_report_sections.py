@@ -313,6 +313,7 @@ def test_a_sweep_whose_counts_do_not_grow_gives_no_kappa_hat_but_the_reason():
     assert "| kappa_hat [95% CI over the tokens] | not estimable | 1,990 [545, 5,130] |" in md
     assert "| kappa_hat / d | n/a | 0.86 |" in md
     assert "kappa_hat = 433" not in md and "Constrained to kappa <= d" not in md
+    assert "Saturating fits" not in md and "No fit is shown" in md  # no asymptote to read
     assert summary(results).splitlines()[4] == f"kappa_hat: not estimable ({reason})"
 
 

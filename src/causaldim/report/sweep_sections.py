@@ -67,10 +67,12 @@ def sweeps(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
         kappas = arch_results["kappa"]
         if not arch_results["estimable"]:
             doc.p(
-                f"kappa_hat is not estimable: {arch_results['not_estimable']}. The fits "
-                "below describe the counts' level, not an asymptote."
+                f"kappa_hat is not estimable: {arch_results['not_estimable']}. No fit is "
+                "shown: a saturating curve through counts that do not grow has no asymptote "
+                "to read (the counts are in the table above; tables/fits.csv keeps the fits)."
             )
-        for bound_name, label in (("free", "free"), ("at_most_d", "kappa <= d")):
+        fitted = (("free", "free"), ("at_most_d", "kappa <= d"))
+        for bound_name, label in fitted if arch_results["estimable"] else ():
             k = kappas[bound_name]
             if bound_name == "at_most_d" and not arch_results["constraint_binds"]:
                 doc.p(f"The constraint kappa <= d = {d} binds no fit: the same table holds.")
