@@ -43,6 +43,9 @@ def test_rounds_harvest_beyond_the_run_up_to_the_cap(rounds_run):
     logits = results["sigma"]["logits"]
     assert logits["n_tokens"] > 2 * 1024  # outliers (position 0) left out of 3,072
     assert logits["erank_corrected"] == pytest.approx(uc["rounds"][-1]["kappa"])
+    # the report's header gives the tokens the headline read in the end
+    head = (out / "report.md").read_text().split("## Headline")[0]
+    assert f"the headline read {tokens[-1]:,} eval tokens over {len(tokens)} round(s)" in head
 
 
 def test_a_rerun_reuses_every_round(rounds_run, capsys):

@@ -119,6 +119,17 @@ def extended(store: dict) -> str:
     )
 
 
+def rounds_used(results: dict) -> str:
+    """--until-converged: the eval tokens the headline read in the end, all rounds."""
+    uc = results.get("until_converged")
+    if not uc or not uc.get("rounds"):
+        return ""
+    return (
+        f" (--until-converged: the headline read {uc['rounds'][-1]['eval_tokens']:,} eval "
+        f"tokens over {len(uc['rounds'])} round(s))"
+    )
+
+
 def title_text(results: dict) -> str:
     return (
         f"Causal dimensionality of {results['inputs']['model']['name']}, layer "
@@ -137,7 +148,7 @@ def title(doc: Doc, results: dict) -> None:
         + f"Residual stream at the {s['site']}, named elsewhere {aliases(s['layer'])}; "
         f"d = {d}; corpus: {corpus.get('description', corpus['id'])}; "
         f"{s['tokens']['train']:,} train and {s['tokens']['eval']:,} eval tokens"
-        f"{extended(s)} in sequences of {s['seq_len']}; "
+        f"{extended(s)}{rounds_used(results)} in sequences of {s['seq_len']}; "
         f"outliers left out: {outlier_count(s['outliers'], s['seq_len'])}, "
         f"carrying {pct(s['outliers']['variance_share'])} of the residual variance. "
         f"Preset {results['preset']}, seed {results['seed']}, causaldim "
