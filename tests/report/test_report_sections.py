@@ -419,7 +419,7 @@ def test_missing_values_render_as_na():
     assert "| hyperbolic | 433 | [n/a] | 19.87 | 9.87 | 9,880 | n/a |  |" in md
     assert (
         "| fisher | raw | erank(E[J^T (diag p - p p^T) J]) | 232 [n/a] | 0.403 | 79.9 | [n/a] | "
-        "210.9 | 5,184 | 8,192 |" in md
+        "210.9 | 66.6 | 5,184 | 8,192 |" in md
     )
     assert "nan" not in md
 
@@ -430,11 +430,11 @@ def test_direct_sigma_tabulates_every_reading_with_its_warning():
     assert "## Direct Sigma" in md
     assert (
         "| reading | metric | erank of | erank (corrected) [95%] | /d | PR (U-stat.) | 95% CI | "
-        "erank (plug-in) | independent | tokens | samples | warning |"
+        "erank (plug-in) | PR (plug-in) | independent | tokens | samples | warning |"
     ) in md
     assert (
         "| loss | raw | erank(E[g g^T]), g = dLoss/dh | 136 [121, 145] | 0.236 | 54.7 | [50, 59] | "
-        "123.4 | 5,184 | 8,192 | 8,192 |  |"
+        "123.4 | 45.6 | 5,184 | 8,192 | 8,192 |  |"
     ) in md
     assert "| fisher | raw | erank(E[J^T (diag p - p p^T) J]) | 232 [219, 253] |" in md
     assert "| not converged: erank changed |" in md

@@ -217,9 +217,10 @@ def direct_sigma(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
         f"measured from the samples; converged where at least {converged_at(results):g} "
         "independent equivalents per dimension back it. Interval: 95%, a jackknife over "
         "groups of sequences, the simulation's spread and the change from half of the "
-        "sequences to all. PR: from U-statistics over pairs of samples in different sequence "
-        "blocks. Plug-in: of the "
-        "sample Sigma, biased low, shown without an interval."
+        "sequences to all. PR (U-stat.): from U-statistics over pairs of samples in different "
+        "sequence blocks, set beside the corrected erank; plug-in erank and PR: of the sample "
+        "Sigma, biased low, shown without an interval. A PR is never above the erank on the "
+        "same footing (both corrected, or both plug-in); across footings it can be."
         + (
             " The headline (logits) reading and the activations also read the eval tokens "
             "beyond the eval split that a pass skipping the head harvested for them "
@@ -246,6 +247,7 @@ def direct_sigma(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
                 num(est.get("participation_ratio_unbiased")),
                 ci(est.get("participation_ratio_unbiased_95")),
                 f"{est['erank']:.1f}",
+                num(est.get("participation_ratio")),
                 "n/a" if independent is None else f"{independent:,.0f}",
                 f"{est['n_tokens']:,}",
                 f"{est['n_samples']:,}",
@@ -262,6 +264,7 @@ def direct_sigma(doc: Doc, results: dict, figures: dict[str, Path]) -> None:
             "PR (U-stat.)",
             "95% CI",
             "erank (plug-in)",
+            "PR (plug-in)",
             "independent",
             "tokens",
             "samples",
