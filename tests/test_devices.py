@@ -222,7 +222,7 @@ def test_a_dry_run_plans_for_a_gpu_this_machine_does_not_have(
     assert "planned for NVIDIA H100 80GB SXM (planned), not this machine" in printed
     assert "device: cuda:0 (NVIDIA H100 80GB SXM (planned), 80 GiB, 80 GiB free)" in printed
     assert "speed stated for NVIDIA H100 80GB SXM (planned)" in printed
-    assert "a lower bound" in printed
+    assert "on the planned GPU, not timed: between" in printed and "book the slow end" in printed
     assert not out.exists()
     assert cli.main([*args, "--plan-for", "h100"]) == 2  # a plan, not a run
     assert "add --dry-run" in capsys.readouterr().err

@@ -13,6 +13,8 @@ from .model.corpus import as_if_whole
 from .model.sites import describe as describe_site
 from .sweep_config import SweepConfig
 
+GPU_LOW_EFFICIENCY = 0.07  # of the datasheet's peak, whole stages at the range's slow end
+
 
 def dry_run(
     cfg: HarvestConfig,
@@ -140,9 +142,15 @@ def print_plan(
             "is known only from the run's own eval split"
         )
     if planned():
+        # the estimate runs the work at 70% of the datasheet's dense peak; whole stages of a
+        # model this size (small matmuls, eigendecompositions, attention, data movement)
+        # reach far less: the range's slow end takes them at GPU_LOW_EFFICIENCY of the peak
+        slow = sec["total"] * 0.7 / GPU_LOW_EFFICIENCY
         print(
-            "  a lower bound on a GPU: its stated peak matmul speed, not timed; the many "
-            "small eigendecompositions, attention and data movement reach far less of it"
+            f"  on the planned GPU, not timed: between {sec['total'] / 60:,.1f} min (the "
+            f"work's FLOPs at 70% of the datasheet's dense peak) and {slow / 60:,.1f} min (at "
+            f"{100 * GPU_LOW_EFFICIENCY:.0f}%, what whole stages of a small model may reach); "
+            "book the slow end"
         )
     if (n_train + n_eval) < cfg.tokens - cfg.seq_len:
         print_whole(the_plan, sweep_cfg, analysis_cfg, est["rates"])
