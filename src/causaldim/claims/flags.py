@@ -41,10 +41,11 @@ def recompute(est: dict, d: int) -> bool:
     est["converged_recomputed"] = f"stored {stored}, {n / d:.2f} per dimension"
     if not converged:
         est["warning"] = (
-            f"not converged under the current rule: {n / d:.1f} independent equivalents per "
+            f"not converged under the current rule: {n / d:.2f} independent equivalents per "
             f"dimension, {MIN_INDEPENDENT_PER_DIM:g} needed (the run called it converged "
             "under an older rule)"
         )
+        est["cautions"] = [*(est.get("cautions") or []), ["not_converged", est["warning"]]]
     return True
 
 

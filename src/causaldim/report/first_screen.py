@@ -66,8 +66,10 @@ def claims_lines(results: dict, links: bool = True) -> list[str]:
         n = {v: sum(c.verdict == v for c in rows) for v in (HOLDS, FAILS, UNTESTABLE)}
         heading = table_heading(table)
         where = f"[table {TABLE_LETTER[table]}](#{slug(heading)})" if links else "claims.md"
+        holds = "holds" if n[HOLDS] == 1 else "hold"
+        fails = "does not hold" if n[FAILS] == 1 else "do not hold"
         out.append(
-            f"{TITLES[table]}: {n[HOLDS]} hold, {n[FAILS]} do not hold, {n[UNTESTABLE]} not "
+            f"{TITLES[table]}: {n[HOLDS]} {holds}, {n[FAILS]} {fails}, {n[UNTESTABLE]} not "
             f"testable here ({where})"
         )
     return out

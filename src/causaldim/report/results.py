@@ -55,7 +55,13 @@ def load_results(path: Path | str) -> dict:
             f"{path} has schema {schema or 'none (an older causaldim)'}, this causaldim "
             f"reads {SCHEMA}: re-run `causaldim run` with the same --out to rebuild it"
         )
-    return current(results)  # every flag under today's rule, whenever the run was
+    results = current(results)  # every flag under today's rule, whenever the run was
+    if any(w["code"] == "run.flags_recomputed" for w in results.get("warnings") or []):
+        # the warnings the flags raise, raised again under the current rule
+        derived = ("direct.", "profile.")
+        kept = [w for w in results["warnings"] if not w["code"].startswith(derived)]
+        results["warnings"] = kept + [w for w in collect(results) if w["code"].startswith(derived)]
+    return results
 
 
 def direct_kappa(sigma: dict) -> dict | None:
