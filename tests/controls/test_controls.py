@@ -140,24 +140,27 @@ def test_matched_l0_flags_what_strays_beyond_ten_percent():
     assert out["n_flagged"] == 1
 
 
-def test_geometric_privilege_finds_a_planted_difference_and_not_a_missing_one():
+def _geometry_case(width: int):
+    """A TopK SAE of width features, its first 40 causal; (generator, sae, causal mask)."""
     gen = torch.Generator().manual_seed(0)
-    width = 200
     sae = build(SAEConfig("topk", D, width, k=2))
     sae.reset(gen)
     causal = torch.zeros(width, dtype=torch.bool)
     causal[:40] = True
+    return gen, sae, causal
+
+
+def _scores_of(causal: torch.Tensor, fired: torch.Tensor) -> dict:
+    atp = torch.where(causal, 1.0, 0.01).double()
+    return {len(causal): Scores(atp[None], fired[None], torch.tensor([1]), torch.tensor([2]))}
+
+
+def test_geometric_privilege_finds_a_planted_difference_and_not_a_missing_one():
+    width = 200
+    _, sae, causal = _geometry_case(width)
     with torch.no_grad():
         sae.W_dec[causal] *= 3.0  # causal features have longer decoder rows
-    atp = torch.where(causal, 1.0, 0.01).double()
-    scores = {
-        width: Scores(
-            atp[None],
-            torch.ones(1, width, dtype=torch.float64),
-            torch.tensor([1]),
-            torch.tensor([2]),
-        )
-    }
+    scores = _scores_of(causal, torch.ones(width, dtype=torch.float64))
     out = geometric_privilege({width: sae}, scores, 0.5, seed=0, resamples=50)
     row = out["rows"][0]
     assert row["decoder_norm"]["n_causal"] == 40 and row["decoder_norm"]["n_other"] == 160
@@ -191,20 +194,14 @@ def test_geometry_matched_on_firing_removes_a_difference_that_is_frequency():
     """Features that fire often sit close together (a cluster); AtP selects frequent
     ones: unmatched, causal features look closer to their neighbours; against non-causal
     features that fire as often, alike."""
-    gen = torch.Generator().manual_seed(0)
     width = 300
-    sae = build(SAEConfig("topk", D, width, k=2))
-    sae.reset(gen)
+    gen, sae, causal = _geometry_case(width)  # causal: 40 of the 100 frequent features
     frequent = torch.zeros(width, dtype=torch.bool)
     frequent[:100] = True
     with torch.no_grad():  # the frequent features crowd around one direction
         centre = torch.randn(D, generator=gen)
         sae.W_dec[frequent] = centre + 0.3 * torch.randn(100, D, generator=gen)
-    causal = torch.zeros(width, dtype=torch.bool)
-    causal[:40] = True  # causal: a random half of the frequent features
-    fired = torch.where(frequent, 500.0, 5.0).double()
-    atp = torch.where(causal, 1.0, 0.01).double()
-    scores = {width: Scores(atp[None], fired[None], torch.tensor([1]), torch.tensor([2]))}
+    scores = _scores_of(causal, torch.where(frequent, 500.0, 5.0).double())
     row = geometric_privilege({width: sae}, scores, 0.5, seed=0, resamples=100)["rows"][0]
     assert row["nn_cosine"]["auc_95"][0] > 0.6  # unmatched: a difference
     lo, hi = row["nn_cosine_matched"]["auc_95"]
