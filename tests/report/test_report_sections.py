@@ -527,9 +527,9 @@ def test_sigma_table_writes_a_missing_interval_as_na():
 def test_summary_is_the_few_lines_printed_at_the_end():
     lines = summary(make_results()).splitlines()
     assert lines[0] == (
-        "kappa of layer 15 (d = 576): 258 [242, 275] = 0.45 d, converged (9.0 independent "
-        "equivalents per dimension) raw, the paper's definition; not measured "
-        "activation-weighted."
+        "kappa of layer 15 (d = 576), raw (the paper's definition): 258 [242, 275] = 0.45 d, "
+        "converged (9.0 independent equivalents per dimension); activation-weighted: not "
+        "measured."
     )
     assert lines[1].startswith("Claims about kappa, decided by the direct estimate: ")
     assert lines[2].startswith("Claims about the SAE estimator, set against the direct kappa: ")

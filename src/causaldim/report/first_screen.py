@@ -52,8 +52,8 @@ def direct_line(results: dict) -> str:
         )
 
     return (
-        f"**kappa of layer {layer}** (d = {d}): {one(est)} raw, the paper's definition; "
-        f"{one(est.get('activation_weighted'))} activation-weighted."
+        f"**kappa of layer {layer}** (d = {d}), raw (the paper's definition): {one(est)}; "
+        f"activation-weighted: {one(est.get('activation_weighted'))}."
     )
 
 
