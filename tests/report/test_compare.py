@@ -244,7 +244,7 @@ def test_compare_neither_draws_nor_tabulates_what_a_run_gives_as_na(runs, tmp_pa
     assert not above["below_floor"] and above["erank_corrected"] is not None
     md = (out / "compare.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| L1-s0 |"))
-    assert "n/a (not converged: below the floor" in row
+    assert "n/a (below the floor)" in row
     assert "(not converged" in next(
         line for line in md.splitlines() if line.startswith("| L2-s0 |")
     )

@@ -330,7 +330,7 @@ def _printed(est: dict | None) -> str:
     if not est:
         return "n/a (not measured)"
     if est.get("below_floor"):
-        return "n/a (not converged: below the floor of independent equivalents)"
+        return "n/a (below the floor)"
     if est.get("erank_corrected") is None:
         return "n/a"
     return flagged(est)
@@ -349,23 +349,26 @@ def build_doc(data: dict, figures: dict[str, Path]) -> Doc:
         "(schema " + data["results_schema"] + ") through compare.json."
     )
     doc.h(2, "The runs")
-    head = ["run", "model", "d", "layer", "depth", "seed", "corpus", "SAE"]
+    # only what differs gets a column: what all share is said above the table
+    shown = [f for f in IDENTITY if f in data["differ"] and f != "sae_source"]
+    if "sae_source" in data["differ"] and "architecture" not in shown:
+        shown.append("architecture")
+    cells = {
+        "model": lambda run: run["model"],
+        "corpus": lambda run: _short_corpus(run["corpus"]),
+        "layer": lambda run: f"{run['layer']} of {run['n_layers']} ({run['relative_depth']:.2f})",
+        "architecture": lambda run: f"{run['architecture']} ({run['sae_source']})",
+        "seed": lambda run: run["seed"],
+    }
+    names = {"layer": "layer (depth)", "architecture": "SAE"}
+    head = ["run", *(names.get(f, f) for f in shown), "d"]
     head += [
         ("direct kappa (logits)" if r == HEADLINE else f"erank {r}") + " [95%]" for r in readings
     ]
     head += ["kappa_hat [95%]", "N_causal growth [95%]", "N_repr growth", "epsilon"]
     rows = []
     for run in runs:
-        row = [
-            run["label"],
-            run["model"],
-            run["d_model"],
-            f"{run['layer']} of {run['n_layers']}",
-            f"{run['relative_depth']:.2f}",
-            run["seed"],
-            _short_corpus(run["corpus"]),
-            f"{run['architecture']} ({run['sae_source']})",
-        ]
+        row = [run["label"], *(cells[f](run) for f in shown), run["d_model"]]
         for r in readings:
             est = run["sigma"].get(r)
             row.append(_printed(est))
@@ -383,9 +386,11 @@ def build_doc(data: dict, figures: dict[str, Path]) -> Doc:
     doc.p(
         f"Direct kappa: {DEFINITIONS[HEADLINE]}, the gauge-invariant logits reading; beside "
         "it the corrected erank of each other reading by name (95%: jackknife over sequences, "
-        "simulation and remaining drift; a value that has not converged says so); "
+        "simulation and remaining drift; a value that has not converged says so; n/a (below "
+        "the floor): under 1 independent equivalent per dimension, where the run gives no "
+        "corrected value); "
         "kappa_hat: the free saturating fit of the headline sweep's N_causal; "
-        "depth: layer / (n_layers - 1)."
+        "depth: layer / (n_layers - 1). Columns only for what differs between the runs."
     )
     doc.ul(
         [
