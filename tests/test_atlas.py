@@ -164,7 +164,7 @@ def test_profile_layers_scale_the_sums_and_the_profiles_work(tiny_model, tmp_pat
     from causaldim.sweep_config import SweepConfig
 
     the_plan = plan(
-        HarvestConfig(model=tiny_model("llama"), tokens=256, out=str(tmp_path / "run")),
+        HarvestConfig(model=tiny_model("llama"), tokens=1280, out=str(tmp_path / "run")),
         profile=True,
     )
     rates = costs.Rates(model=1e9, sae=2e9, eig=0.01, source="given")

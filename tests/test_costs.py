@@ -41,7 +41,9 @@ def test_the_saes_disk_follows_their_saved_precision(tiny_model, tmp_path):
     from causaldim.harvest.plan import plan
     from causaldim.sweep_config import SweepConfig
 
-    the_plan = plan(HarvestConfig(model=tiny_model("llama"), tokens=256, out=str(tmp_path / "run")))
+    the_plan = plan(
+        HarvestConfig(model=tiny_model("llama"), tokens=1280, out=str(tmp_path / "run"))
+    )
     d, widths = the_plan.source.d_model, [1024, 4096]
     full = disk.disk_bytes(the_plan, SweepConfig(widths=widths))
     half = disk.disk_bytes(the_plan, SweepConfig(widths=widths, save_dtype="bfloat16"))

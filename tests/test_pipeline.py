@@ -496,8 +496,9 @@ def test_every_warning_is_in_results_the_cli_the_report_and_the_api(
     res = causaldim.load(out)
     assert res.warnings == r["warnings"]
     for w in r["warnings"]:
-        line = f"[{w['severity']}] {w['code']}: {w['message']}"
-        assert line in printed and f"- {line}" in report, w["code"]
+        words = f"{w['message'][:1].upper()}{w['message'][1:]}"
+        assert f"{words} ({w['code']})" in printed, w["code"]  # the CLI, code after words
+        assert f"- {words} (`{w['code']}`)" in report, w["code"]
     head = r["headline"]
     assert head["architecture"] == "topk" and head["reading"] == "logits"
     assert head["value"] == r["sigma"]["logits"]["erank_corrected"]

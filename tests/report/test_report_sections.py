@@ -439,8 +439,8 @@ def test_direct_sigma_tabulates_every_reading_with_its_warning():
     assert "| fisher | raw | erank(E[J^T (diag p - p p^T) J]) | 232 [219, 253] |" in md
     assert "| not converged: erank changed |" in md
     assert (
-        "| activations | raw | erank(Cov[h]) | n/a | n/a | n/a | [n/a] | 301.2 | 12.3 | n/a | 8,192 | "
-        "8,192 |  |"
+        "| activations | raw | erank(Cov[h]) | n/a | n/a | n/a | [n/a] | 301.2 | 12.3 | n/a | "
+        "8,192 | 8,192 |  |"
     ) in md
     assert "activation-weighted" not in md  # an older run: no twins, no words for them
     twin = {**make_results()["sigma"]["logits"], "definition": "erank(C^1/2 S C^1/2)"}
