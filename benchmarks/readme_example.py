@@ -4,8 +4,10 @@ typed by hand.
 
     .venv/bin/python benchmarks/readme_example.py runs/default --commit abc1234 [--write]
 
-Without --write it prints the block; with it, it rewrites the block in README.md between
-its markers.
+With it, the README's figures of its two runs side by side (this run and docs/replicate:
+the claims' verdict counts and every number set beside the paper's). Without --write it
+prints both blocks; with it, it rewrites them in README.md between their markers
+(tests/test_readme.py fails when they drift).
 """
 
 from __future__ import annotations
@@ -39,22 +41,57 @@ def block(run: Path, commit: str) -> str:
     )
 
 
+FIGURES_BEGIN = "<!-- figures: python benchmarks/readme_example.py -->"
+FIGURES_END = "<!-- end of figures -->"
+
+
+def figures_block(default: Path, replicate: Path) -> str:
+    """The README's two runs side by side: the claims' verdict counts of the replicate run
+    and every number the report sets beside the paper's, from their results.json."""
+    from causaldim.report.first_screen import claims_lines
+    from causaldim.report.paper_figures import figures
+    from causaldim.report.results import load_results
+
+    runs = [load_results(p / "results.json") for p in (default, replicate)]
+    verdicts = "; ".join(line.removesuffix(" (claims.md)") for line in claims_lines(runs[1], False))
+    shown = [figures(r) for r in runs]
+    lines = [
+        f"The replicate run's verdicts (`docs/claims.md`): {verdicts}. Beside the paper, "
+        f"from each run's results.json (`{default}`, `{replicate}`):",
+        "",
+        "| quantity | `--preset default` (degenerate) | `--preset replicate` (the paper's "
+        "regime) | paper |",
+        "| --- | --- | --- | --- |",
+    ]
+    for key, fig in shown[1].items():
+        mine = shown[0].get(key)
+        cells = [fig.label, mine.this_run if mine else "", fig.this_run, fig.paper]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run", type=Path, help="the run's folder (its results.json)")
     ap.add_argument("--commit", required=True, help="the commit the run was made from")
-    ap.add_argument("--write", action="store_true", help="rewrite README.md's block")
+    ap.add_argument("--replicate", type=Path, default=Path("docs/replicate"))
+    ap.add_argument("--write", action="store_true", help="rewrite README.md's blocks")
     args = ap.parse_args()
-    text = block(args.run, args.commit)
+    blocks = {
+        (BEGIN, END): block(args.run, args.commit),
+        (FIGURES_BEGIN, FIGURES_END): figures_block(args.run, args.replicate),
+    }
     if not args.write:
-        print(text)
+        print("\n\n".join(blocks.values()))
         return
     readme = README.read_text()
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
-    if not pattern.search(readme):
-        sys.exit(f"README.md has no {BEGIN} ... {END} markers")
-    README.write_text(pattern.sub(lambda _: f"{BEGIN}\n{text}\n{END}", readme))
-    print(f"wrote the example output of {args.run} into {README}")
+    for (begin, end), text in blocks.items():
+        pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
+        if not pattern.search(readme):
+            sys.exit(f"README.md has no {begin} ... {end} markers")
+        readme = pattern.sub(lambda _, b=begin, e=end, t=text: f"{b}\n{t}\n{e}", readme)
+    README.write_text(readme)
+    print(f"wrote the example output of {args.run} and the figures into {README}")
 
 
 if __name__ == "__main__":
