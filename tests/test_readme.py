@@ -21,22 +21,23 @@ def _script():
     return module
 
 
+def _shown(begin: str, end: str) -> str:
+    """The README's block between two markers."""
+    readme = (ROOT / "README.md").read_text()
+    found = re.search(re.escape(begin) + r"\n(.*?)\n" + re.escape(end), readme, re.S)
+    assert found is not None, f"README.md has lost its markers {begin}"
+    return found.group(1)
+
+
 def test_the_readme_example_is_rendered_from_the_run_it_names():
     script = _script()
-    readme = (ROOT / "README.md").read_text()
-    pattern = re.escape(script.BEGIN) + r"\n(.*?)\n" + re.escape(script.END)
-    shown = re.search(pattern, readme, re.S)
-    assert shown is not None, "README.md has lost its example-output markers"
-    commit = re.search(r"from a fresh clone at (\w+)", shown.group(1))
+    shown = _shown(script.BEGIN, script.END)
+    commit = re.search(r"from a fresh clone at (\w+)", shown)
     assert commit is not None
-    assert shown.group(1) == script.block(ROOT / "docs/default-run", commit.group(1))
+    assert shown == script.block(ROOT / "docs/default-run", commit.group(1))
 
 
 def test_the_readme_figures_are_rendered_from_the_two_runs():
     script = _script()
-    readme = (ROOT / "README.md").read_text()
-    pattern = re.escape(script.FIGURES_BEGIN) + r"\n(.*?)\n" + re.escape(script.FIGURES_END)
-    shown = re.search(pattern, readme, re.S)
-    assert shown is not None, "README.md has lost its figures markers"
     made = script.figures_block(Path("docs/default-run"), Path("docs/replicate"))
-    assert shown.group(1) == made
+    assert _shown(script.FIGURES_BEGIN, script.FIGURES_END) == made
