@@ -83,3 +83,27 @@ def test_scores_and_digests_take_the_bytes_planned(tmp_path):
     save_digest(digest(torch.randn(width, d), basis, torch.randn(ref, d)), digest_path(path))
     size = digest_path(path).stat().st_size
     assert disk.digest_bytes(width) * 0.8 < size <= disk.digest_bytes(width) + 1000
+
+
+def test_each_costly_control_is_timed_and_the_nulls_grow_with_the_eval_split(tiny_model, tmp_path):
+    from causaldim.config import AnalysisConfig, HarvestConfig
+    from causaldim.harvest.plan import plan
+    from causaldim.sweep_config import SweepConfig
+
+    rates = costs.Rates(model=1e9, sae=2e9, eig=0.01, source="given")
+    model = tiny_model("llama")
+
+    def seconds(eval_fraction: float) -> dict:
+        cfg = HarvestConfig(
+            model=model, tokens=2560, eval_fraction=eval_fraction, out=str(tmp_path / "r")
+        )
+        analysis = AnalysisConfig(controls=["all"])
+        the_plan = plan(cfg, extra_layers=(0,))  # the depth control's other layer
+        return costs.estimate(the_plan, SweepConfig(widths=[16]), analysis, rates)["seconds"]
+
+    small, large = seconds(0.2), seconds(0.6)
+    for stage in ("ablation", "task", "depth", "four_cell", "nulls", "synthetic"):
+        assert small[f"control.{stage}"] > 0, stage
+    # each untrained network: one headline pass over the eval split (at a tiny model's
+    # shapes the corrections' eigendecompositions, the same for any split, weigh most)
+    assert large["control.nulls"] > small["control.nulls"]

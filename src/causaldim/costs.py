@@ -271,6 +271,17 @@ def control_work(
         out["control.depth"] = layers * (layer_work["sigma"] + one_sweep)
     if "architectures" in picked and analysis.lighter_controls:
         out["control.architectures"] = 3 * one_sweep
+    if "nulls" in picked:
+        # each untrained network: the headline pass over the eval split and its extension
+        # (a forward to the head's input, the centred probes' backwards from there), its
+        # headline reading raw and activation-weighted (controls/nulls.py)
+        from .model.nulls import KINDS
+
+        n = (len(the_plan.splits.eval) + extension_sequences(the_plan)) * cfg.seq_len
+        blocks_to_head = params["through_layer"] + params["above_layer"]
+        one_pass = Work(model=2 * (blocks_to_head + cfg.logit_probes * params["above_layer"]) * n)
+        reading = sigma_work(n, the_plan.source.d_model, cfg.logit_probes, 1, debias.FULL)
+        out["control.nulls"] = len(KINDS) * (one_pass + 2 * reading)
     if "four_cell" in picked:
         # three random cells scored per width, with L0 held (the headline's SAEs) and with
         # L0 free (JumpReLU SAEs: the run's, else the controls' sweep, trained here unless
