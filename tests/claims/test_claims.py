@@ -788,6 +788,13 @@ def test_the_level_row_says_when_a_null_gives_the_same_level():
         set_kappa(make_results()), permuted=(200.0, 190.0, 210.0), init=(150.0, 140.0, 160.0)
     )
     assert "untrained" not in verdict(far, "kappa_level")[1]
+    # a trained model below the band beside a null inside it: no "too"
+    low = with_nulls(
+        set_kappa(make_results(), kappa=100.0, iv=(95.0, 105.0)), permuted=(500.0, 490.0, 510.0)
+    )
+    verdict_, reason = verdict(low, "kappa_level")
+    assert verdict_ == FAILS and "too" not in reason
+    assert "an untrained network gives the paper's level" in reason
 
 
 def test_training_needs_converged_nulls():
