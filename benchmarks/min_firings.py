@@ -35,9 +35,11 @@ def main() -> None:
         if finished.is_file()
         else AnalysisConfig().to_dict()
     )
+    # each width's scores, not the decoder digests saved beside them (NAME.decoder.*)
     loaded = {
         int(p.stem.split("-w")[1]): load_scores(p)
         for p in sorted((args.run / "scores").glob(f"{args.architecture}-w*.safetensors"))
+        if p.stem.split("-w")[1].isdigit()
     }
     widths = sorted(loaded)
     reference = analysis["reference_width"] or widths[0]
