@@ -3,14 +3,15 @@ independent equivalents per dimension) is read, claimed and reported under today
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
 from results_factory import D, make_results
 
 from causaldim.claims import UNTESTABLE, claims
-from causaldim.claims.flags import current, stale
-from causaldim.fileio import write_sealed_json
+from causaldim.claims.flags import current, current_cell, stale
+from causaldim.fileio import read_sealed_json, write_sealed_json
 from causaldim.measures.debias import MIN_INDEPENDENT_PER_DIM
 from causaldim.report.results import load_results
 
@@ -48,14 +49,20 @@ def test_loading_a_results_file_gives_the_current_flags(tmp_path):
     assert load_results(tmp_path / "results.json")["sigma"]["logits"]["converged"] is False
 
 
-def test_the_docs_replicate_run_is_read_under_the_current_rule():
-    """docs/replicate predates the rule of 8: its stored flags disagree (the literal
-    reading at 7.99 per dimension), and docs/claims.md reads the recomputed ones."""
-    stored = json.loads((DOCS / "replicate/results.json").read_text())
-    assert any("logits_uncentred: stored True, 7.99" in s for s in stale(stored))
-    loaded = load_results(DOCS / "replicate/results.json")
-    assert stale(loaded) == []
-    codes = {w["code"]: w["message"] for w in loaded["warnings"]}
-    assert "direct.logits_uncentred.not_converged" in codes  # raised again, under 8
-    assert "fewer than 8" in codes["profile.logits_uncentred.not_converged"]
-    assert "the logits_uncentred reading has not converged" in (DOCS / "claims.md").read_text()
+def test_every_document_under_docs_stores_the_current_rules_flags():
+    """Every run, atlas cell and atlas.csv row under docs/ was measured under the rule of
+    8: no stored flag disagrees with it (a run kept from an older rule fails here until
+    it is re-run; reading it would recompute its flags, as above)."""
+    runs = sorted(DOCS.glob("*/results.json"))
+    assert len(runs) >= 3
+    for run in runs:
+        assert stale(json.loads(run.read_text())) == [], run
+    for path in sorted(DOCS.glob("*/atlas.json")):
+        for cell in read_sealed_json(path, "atlas")["cells"]:
+            assert current_cell(cell) == cell, (path, cell["cell"])
+    for path in sorted(DOCS.glob("**/atlas.csv")):
+        for row in csv.DictReader(path.open()):
+            if row["independent_per_dim"]:
+                per_dim = float(row["independent_per_dim"])
+                converged = row["converged"] == "True"
+                assert (per_dim >= MIN_INDEPENDENT_PER_DIM) == converged, (path, row)
